@@ -1,0 +1,5 @@
+"""`python -m lmsp_tray` runs the command-line entry point."""
+
+from lmsp_tray.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,194 @@
+"""Where lmsp-tray keeps its files, and the settings a user can change.
+
+Paths come from platformdirs, or all sit under one folder when
+``LMSP_TRAY_HOME`` is set (tests, portable installs). Settings come from
+``config.toml`` in the config folder, then from command-line overrides.
+Nothing is read at import time: the daemon calls `resolve_paths` and
+`load_config` once and passes the results down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+APP_NAME = "lmsp-tray"
+DEFAULT_PORT = 7373
+DEFAULT_CONTEXT_CAP = 8192
+HOME_ENV = "LMSP_TRAY_HOME"
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Every folder and well-known file the service uses."""
+
+    config_dir: Path
+    data_dir: Path
+    cache_dir: Path
+    runtime_dir: Path
+
+    @property
+    def config_file(self) -> Path:
+        return self.config_dir / "config.toml"
+
+    @property
+    def models_dir(self) -> Path:
+        """The service's own models folder (the demo model is assembled here)."""
+        return self.data_dir / "models"
+
+    @property
+    def database(self) -> Path:
+        return self.data_dir / "lmsp-tray.sqlite3"
+
+    @property
+    def discovery_file(self) -> Path:
+        """`service.json`: where a running daemon says where it listens."""
+        return self.runtime_dir / "service.json"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.cache_dir / "logs"
+
+    def ensure(self) -> "Paths":
+        for folder in (self.config_dir, self.data_dir, self.cache_dir, self.models_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        self.runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return self
+
+
+def resolve_paths(environ: Mapping[str, str] | None = None) -> Paths:
+    """The folders for this user: under ``LMSP_TRAY_HOME`` if set, else platformdirs."""
+    env = os.environ if environ is None else environ
+    home = env.get(HOME_ENV)
+    if home:
+        root = Path(home).expanduser().resolve()
+        return Paths(root / "config", root / "data", root / "cache", root / "run")
+    import platformdirs
+
+    dirs = platformdirs.PlatformDirs(APP_NAME, appauthor=False)
+    runtime = Path(dirs.user_runtime_dir)
+    if not runtime.parent.is_dir():  # no XDG_RUNTIME_DIR session folder (e.g. a container)
+        runtime = Path(dirs.user_state_dir) / "run"
+    return Paths(Path(dirs.user_config_dir), Path(dirs.user_data_dir), Path(dirs.user_cache_dir), runtime)
+
+
+class ConfigError(ValueError):
+    """config.toml or an override has a value the service cannot use."""
+
+
+_DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+def parse_duration(value: Any, *, name: str = "duration") -> float | None:
+    """Seconds from ``300``, ``"5m"``, ``"1h"``, ``"30s"``; ``None`` for never (-1, "never")."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{name}: expected seconds or a duration like '5m', got {value!r}")
+    if isinstance(value, (int, float)):
+        return None if value < 0 else float(value)
+    if isinstance(value, str):
+        if value.strip().lower() in {"never", "forever", "-1"}:
+            return None
+        match = _DURATION.match(value)
+        if match:
+            seconds = float(match.group(1)) * _UNITS[match.group(2)]
+            return None if seconds < 0 else seconds
+    raise ConfigError(f"{name}: expected seconds or a duration like '5m', got {value!r}")
+
+
+@dataclass
+class Config:
+    """User settings. Defaults suit a desktop; every field can be set in config.toml."""
+
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    models_dirs: list[Path] = field(default_factory=list)
+    default_dirs: bool = True
+    context_cap: int = DEFAULT_CONTEXT_CAP
+    keep_alive: float | None = 300.0
+    gpu: str = "auto"  # "auto" | "off"
+    gpu_layers: int | None = None  # None: all layers that fit
+    threads: int | None = None  # None: physical cores
+    parallel: int | None = None  # sequences decoded together per model; None: from model and memory
+    max_queue: int = 16  # waiting requests per model before 429
+    max_loaded_models: int = 3
+    memory_budget_fraction: float = 0.75  # of RAM (and VRAM) that loaded models may use
+    max_request_bytes: int = 8 * 1024 * 1024
+    event_retention: float = 86400.0
+    allowed_origins: list[str] = field(default_factory=list)
+    demo_model: bool = True  # assemble the embedded demo model when no other model exists
+
+    def with_overrides(self, **overrides: Any) -> "Config":
+        """A copy with the non-None overrides applied (command-line options)."""
+        clean = {k: v for k, v in overrides.items() if v is not None}
+        return dataclasses.replace(self, **clean)
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+
+
+def load_config(paths: Paths) -> Config:
+    """Read config.toml (if any); unknown keys are an error so typos do not go unnoticed."""
+    path = paths.config_file
+    if not path.exists():
+        return Config()
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    return config_from_mapping(raw, source=str(path))
+
+
+def config_from_mapping(raw: Mapping[str, Any], *, source: str = "config") -> Config:
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = key.replace("-", "_")
+        if name not in _FIELDS:
+            raise ConfigError(f"{source}: unknown setting {key!r}")
+        values[name] = _coerce(name, value, source)
+    return Config(**values)
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    where = f"{source}: {name}"
+    if name in {"keep_alive", "event_retention"}:
+        seconds = parse_duration(value, name=where)
+        if name == "event_retention" and seconds is None:
+            raise ConfigError(f"{where}: must be a finite duration")
+        return seconds
+    if name == "models_dirs":
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}: expected a list of folder paths")
+        return [Path(v).expanduser() for v in value]
+    if name == "allowed_origins":
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}: expected a list of origins like 'http://localhost:3000'")
+        return [v.rstrip("/") for v in value]
+    if name == "gpu":
+        if value not in {"auto", "off"}:
+            raise ConfigError(f"{where}: expected 'auto' or 'off'")
+        return value
+    if name in {"default_dirs", "demo_model"}:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false")
+        return value
+    if name == "memory_budget_fraction":
+        if not isinstance(value, (int, float)) or not 0 < value <= 1:
+            raise ConfigError(f"{where}: expected a number in (0, 1]")
+        return float(value)
+    if name == "host":
+        if value not in {"127.0.0.1", "::1", "localhost"}:
+            raise ConfigError(f"{where}: the service only binds loopback (127.0.0.1 or ::1)")
+        return value
+    if name in {"gpu_layers", "threads", "parallel"} and value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "gpu_layers" else 1):
+        raise ConfigError(f"{where}: expected a positive whole number")
+    if name == "port" and value > 65535:
+        raise ConfigError(f"{where}: expected a port number up to 65535")
+    return value

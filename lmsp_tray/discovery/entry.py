@@ -1,0 +1,66 @@
+"""What discovery knows about one model file: the contract the rest of the service reads.
+
+Discovery fills these from GGUF headers (never the weights); the engine,
+the catalog and the API only read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class GGUFInfo:
+    """Header facts of one GGUF model (all optional: files in the wild omit keys)."""
+
+    architecture: str | None = None  # general.architecture, e.g. "llama", "gemma3", "qwen3"
+    name: str | None = None  # general.name
+    basename: str | None = None  # general.basename
+    size_label: str | None = None  # general.size_label, e.g. "270M"
+    file_type: int | None = None  # general.file_type (llama_ftype)
+    quantization: str | None = None  # e.g. "Q4_K_M", from file_type or the file name
+    context_length: int | None = None  # <arch>.context_length (trained window)
+    block_count: int | None = None
+    embedding_length: int | None = None
+    head_count: int | None = None
+    head_count_kv: int | None = None
+    key_length: int | None = None  # <arch>.attention.key_length (else embedding/head_count)
+    value_length: int | None = None
+    chat_template: str | None = None  # tokenizer.chat_template
+    bos_token: str | None = None  # text of tokenizer.ggml.bos_token_id, when known
+    eos_token: str | None = None
+    split_count: int = 1  # split.count
+    parameter_count: int | None = None  # general.parameter_count, if present
+
+    def kv_bytes_per_token(self, bytes_per_value: int = 2) -> int | None:
+        """KV-cache bytes one token costs (f16 cache), or None when the header lacks the facts."""
+        if not (self.block_count and self.head_count_kv):
+            return None
+        head_dim = None
+        if self.embedding_length and self.head_count:
+            head_dim = self.embedding_length // self.head_count
+        k = self.key_length or head_dim
+        v = self.value_length or head_dim
+        if not (k and v):
+            return None
+        return self.block_count * self.head_count_kv * (k + v) * bytes_per_value
+
+
+@dataclass
+class ModelEntry:
+    """One model the catalog offers: an id, where its file(s) are, and what its header says."""
+
+    id: str
+    path: Path  # the file llama.cpp opens (the first part of a split model)
+    source: str  # "lmsp-tray" | "custom" | "lm-studio" | "ollama" | "huggingface" | "llama.cpp"
+    size_bytes: int
+    files: tuple[Path, ...] = ()
+    info: GGUFInfo | None = None
+    error: str | None = None  # why the header could not be read; the model shows state "error"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.info is not None

@@ -1,0 +1,148 @@
+"""Typed errors carrying their LMSP code and HTTP status.
+
+Every failure a client can see is one of these. Code anywhere in the service
+raises them; `lmsp_tray.http.problems` is the single place that turns them
+into RFC 9457 problem documents (and `service` turns them into terminal
+events once a stream has started). Messages never contain secrets or stack
+traces.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class LMSPError(Exception):
+    """Base class: a problem with an LMSP `code`, an HTTP `status` and a title."""
+
+    code = "internal_error"
+    status = 500
+    title = "Internal error"
+
+    def __init__(
+        self,
+        detail: str,
+        *,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.param = param
+        self.headers = dict(headers or {})
+        self.extra = dict(extra or {})
+
+    def to_problem(self) -> dict[str, Any]:
+        """The RFC 9457 problem document for this error."""
+        doc: dict[str, Any] = {
+            "type": f"urn:lmsp:error:{self.code}",
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+            "code": self.code,
+        }
+        if self.param is not None:
+            doc["param"] = self.param
+        doc.update(self.extra)
+        return doc
+
+
+class InvalidRequest(LMSPError):
+    code, status, title = "invalid_request", 400, "Invalid request"
+
+
+class InvalidJSON(LMSPError):
+    code, status, title = "invalid_json", 400, "Malformed JSON"
+
+
+class UnsupportedCapability(LMSPError):
+    code, status, title = "unsupported_capability", 400, "Unsupported capability"
+
+
+class ContextLengthExceeded(LMSPError):
+    code, status, title = "context_length_exceeded", 400, "Context length exceeded"
+
+
+class UnsupportedVersion(LMSPError):
+    code, status, title = "unsupported_version", 400, "Unsupported LMSP version"
+
+
+class Unauthorized(LMSPError):
+    code, status, title = "unauthorized", 401, "Unauthorized"
+
+
+class InsufficientScope(LMSPError):
+    code, status, title = "insufficient_scope", 403, "Insufficient scope"
+
+
+class ForbiddenHost(LMSPError):
+    code, status, title = "forbidden_host", 403, "Forbidden host"
+
+
+class ForbiddenOrigin(LMSPError):
+    code, status, title = "forbidden_origin", 403, "Forbidden origin"
+
+
+class ModelNotFound(LMSPError):
+    code, status, title = "model_not_found", 404, "Model not found"
+
+
+class ResponseNotFound(LMSPError):
+    code, status, title = "response_not_found", 404, "Response not found"
+
+
+class TaskNotFound(LMSPError):
+    code, status, title = "task_not_found", 404, "Task not found"
+
+
+class NotFound(LMSPError):
+    code, status, title = "not_found", 404, "Not found"
+
+
+class MethodNotAllowed(LMSPError):
+    code, status, title = "method_not_allowed", 405, "Method not allowed"
+
+
+class Conflict(LMSPError):
+    code, status, title = "conflict", 409, "Conflict"
+
+
+class IdempotencyKeyInProgress(LMSPError):
+    code, status, title = "idempotency_key_in_progress", 409, "Idempotency key in progress"
+
+
+class EventHistoryExpired(LMSPError):
+    code, status, title = "event_history_expired", 410, "Event history expired"
+
+
+class PayloadTooLarge(LMSPError):
+    code, status, title = "payload_too_large", 413, "Payload too large"
+
+
+class IdempotencyKeyReused(LMSPError):
+    code, status, title = "idempotency_key_reused", 422, "Idempotency key reused"
+
+
+class TooManyRequests(LMSPError):
+    code, status, title = "too_many_requests", 429, "Too many requests"
+
+
+class InternalError(LMSPError):
+    code, status, title = "internal_error", 500, "Internal error"
+
+
+class ModelLoadFailed(LMSPError):
+    code, status, title = "model_load_failed", 503, "Model load failed"
+
+
+class ServiceUnavailable(LMSPError):
+    code, status, title = "service_unavailable", 503, "Service unavailable"
+
+
+class ServiceRestarted(LMSPError):
+    code, status, title = "service_restarted", 500, "Service restarted"
+
+
+class InsufficientMemory(LMSPError):
+    code, status, title = "insufficient_memory", 507, "Insufficient memory"
