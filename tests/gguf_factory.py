@@ -1,0 +1,153 @@
+"""Generate tiny but real GGUF models for tests and benchmarks.
+
+The files are written with the `gguf` package (llama.cpp's own writer): a
+`llama`-architecture network with random weights and an SPM vocabulary of
+control tokens, the 256 byte tokens and a few dozen word pieces. llama.cpp
+loads one in milliseconds and decodes (gibberish) from it, so every layer of
+the service is exercised for real without a large download.
+
+The output rows of control tokens (EOS included) are zero while the other
+rows are large, so the model practically never ends on its own: tests get
+exactly `max_output_tokens` tokens, or stop on a stop string.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+CONTROL_TOKENS = [
+    "<unk>", "<s>", "</s>",
+    "<|im_start|>", "<|im_end|>",
+    "<start_of_turn>", "<end_of_turn>",
+    "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+    "<|python_tag|>", "[INST]", "[/INST]", "[TOOL_CALLS]",
+]
+# Tokens the chat-side features use as text markers (kept as normal tokens).
+MARKER_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+WORD_PIECES = [
+    "▁the", "▁a", "▁is", "▁of", "▁and", "▁to", "▁in", "▁it", "▁that", "▁you",
+    "▁hello", "▁world", "▁model", "▁local", "▁service", "▁token", "▁stream", "▁test",
+    "▁user", "▁assistant", "▁system", "▁weather", "▁city", "▁name", "▁value",
+    "▁", "▁▁", "\n", "{", "}", "\"", ":", ",", "[", "]", "▁true", "▁false", "▁null",
+    "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", ".", "-", "e", "a", "b", "c",
+    "ж", "€", "日本", "▁héllo", "🙂",
+]
+
+
+def vocabulary() -> tuple[list[str], list[float], list[int]]:
+    """Token strings, scores and token types (1 normal, 2 unknown, 3 control, 6 byte)."""
+    tokens: list[str] = []
+    types: list[int] = []
+    for tok in CONTROL_TOKENS:
+        tokens.append(tok)
+        types.append(2 if tok == "<unk>" else 3)
+    for b in range(256):
+        tokens.append(f"<0x{b:02X}>")
+        types.append(6)
+    for tok in MARKER_TOKENS + WORD_PIECES:
+        tokens.append(tok)
+        types.append(1)
+    assert len(set(tokens)) == len(tokens), "llama.cpp aborts on duplicate token strings"
+    scores = [0.0 if t != 1 else -float(i) / 100 for i, t in enumerate(types)]
+    return tokens, scores, types
+
+
+def write_tiny_gguf(
+    path: str | Path,
+    *,
+    chat_template: str | None = CHATML_TEMPLATE,
+    name: str = "Tiny Test",
+    basename: str | None = "tiny-test",
+    size_label: str | None = "1M",
+    file_type: int | None = 0,  # ALL_F32
+    context_length: int = 512,
+    embedding: int = 64,
+    blocks: int = 2,
+    heads: int = 4,
+    heads_kv: int = 4,
+    ffn: int = 128,
+    seed: int = 0,
+    extra_kv: dict[str, object] | None = None,
+) -> Path:
+    """Write a tiny llama-architecture GGUF and return its path."""
+    import gguf
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    tokens, scores, types = vocabulary()
+    n_vocab = len(tokens)
+    head_dim = embedding // heads
+    kv_dim = head_dim * heads_kv
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name(name)
+    if basename:
+        writer.add_basename(basename)
+    if size_label:
+        writer.add_size_label(size_label)
+    if file_type is not None:
+        writer.add_file_type(file_type)
+    writer.add_context_length(context_length)
+    writer.add_embedding_length(embedding)
+    writer.add_block_count(blocks)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(heads_kv)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_vocab_size(n_vocab)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(tokens.index("<s>"))
+    writer.add_eos_token_id(tokens.index("</s>"))
+    writer.add_unk_token_id(tokens.index("<unk>"))
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+    for key, value in (extra_kv or {}).items():
+        if isinstance(value, bool):
+            writer.add_bool(key, value)
+        elif isinstance(value, int):
+            writer.add_uint32(key, value)
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
+        else:
+            writer.add_string(key, str(value))
+
+    def weight(*shape: int, scale: float = 0.5) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    writer.add_tensor("token_embd.weight", weight(n_vocab, embedding))
+    writer.add_tensor("output_norm.weight", np.ones(embedding, dtype=np.float32))
+    output = weight(n_vocab, embedding, scale=2.0)
+    output[[i for i, t in enumerate(types) if t in (2, 3)]] = 0.0  # never end on its own
+    writer.add_tensor("output.weight", output)
+    for b in range(blocks):
+        writer.add_tensor(f"blk.{b}.attn_norm.weight", np.ones(embedding, dtype=np.float32))
+        writer.add_tensor(f"blk.{b}.attn_q.weight", weight(embedding, embedding))
+        writer.add_tensor(f"blk.{b}.attn_k.weight", weight(kv_dim, embedding))
+        writer.add_tensor(f"blk.{b}.attn_v.weight", weight(kv_dim, embedding))
+        writer.add_tensor(f"blk.{b}.attn_output.weight", weight(embedding, embedding))
+        writer.add_tensor(f"blk.{b}.ffn_norm.weight", np.ones(embedding, dtype=np.float32))
+        writer.add_tensor(f"blk.{b}.ffn_gate.weight", weight(ffn, embedding))
+        writer.add_tensor(f"blk.{b}.ffn_up.weight", weight(ffn, embedding))
+        writer.add_tensor(f"blk.{b}.ffn_down.weight", weight(embedding, ffn))
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
