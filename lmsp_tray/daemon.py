@@ -1,0 +1,232 @@
+"""The composition root: builds every part, serves the API, and shuts down cleanly.
+
+Nothing else in the package constructs long-lived objects. `Daemon` builds
+the llama.cpp runtime, the catalog, the model manager and the service from
+`Paths` and `Config`, runs uvicorn on loopback (in the foreground for
+`serve`, or on a background thread under the tray), writes the discovery
+file once the socket is bound and removes it on exit. SIGTERM/SIGINT or
+Quit: stop accepting, end open streams with a terminal event, unload models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from lmsp_tray import __version__
+from lmsp_tray.config import Config, Paths
+from lmsp_tray.engine.manager import ModelManager
+from lmsp_tray.engine.model import LoadOptions
+from lmsp_tray.engine.runtime import Runtime
+from lmsp_tray.http.app import create_app
+from lmsp_tray.service import Service
+
+log = logging.getLogger("lmsp_tray.daemon")
+
+
+class AlreadyRunning(RuntimeError):
+    """Another lmsp-tray serves this user already."""
+
+    def __init__(self, url: str, pid: int) -> None:
+        super().__init__(f"lmsp-tray is already running at {url} (pid {pid}).")
+        self.url = url
+        self.pid = pid
+
+
+@dataclass(frozen=True)
+class RunningInstance:
+    url: str
+    pid: int
+
+
+def find_running(paths: Paths, timeout: float = 1.0) -> RunningInstance | None:
+    """The live instance named by the discovery file, if its pid lives and it answers."""
+    try:
+        info = json.loads(paths.discovery_file.read_text(encoding="utf-8"))
+        url, pid = str(info["url"]), int(info["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if pid != os.getpid():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:  # noqa: S310 (loopback URL we wrote)
+            doc = json.loads(reply.read())
+        if doc.get("object") == "service":
+            return RunningInstance(url, pid)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def load_options(config: Config, runtime: Runtime) -> LoadOptions:
+    return LoadOptions(
+        context_cap=config.context_cap,
+        parallel=config.parallel,
+        threads=config.threads,
+        gpu=config.gpu,
+        gpu_layers=config.gpu_layers,
+        max_queue=config.max_queue,
+        kv_budget_bytes=_kv_budget(config),
+    )
+
+
+def _kv_budget(config: Config) -> int | None:
+    """A quarter of the memory budget may go to the KV caches of parallel sequences."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+    return int(total * config.memory_budget_fraction / 4)
+
+
+class Daemon:
+    def __init__(self, paths: Paths, config: Config, *, catalog: Any) -> None:
+        self.paths = paths
+        self.config = config
+        self.catalog = catalog
+        self.runtime = Runtime()
+        self.models = ModelManager(self.runtime, load_options(config, self.runtime), keep_alive=config.keep_alive)
+        self.service = Service(config=config, catalog=catalog, models=self.models)
+        self.app = create_app(self.service)
+        self.url: str | None = None
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._started = threading.Event()
+        self._startup_error: BaseException | None = None
+
+    # -- serving --------------------------------------------------------------------------------
+    def _uvicorn_config(self, sock: socket.socket) -> uvicorn.Config:
+        return uvicorn.Config(
+            self.app,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            ws="none",
+            timeout_graceful_shutdown=5,
+            server_header=False,
+            date_header=True,
+            fd=None,
+        )
+
+    def bind(self, port: int | None = None) -> socket.socket:
+        """Bind the loopback socket (port 0 picks a free one)."""
+        host = self.config.host if self.config.host != "localhost" else "127.0.0.1"
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, self.config.port if port is None else port))
+        except OSError:
+            sock.close()
+            raise
+        sock.listen(128)
+        sock.setblocking(False)
+        bound_port = sock.getsockname()[1]
+        shown = f"[{host}]" if family == socket.AF_INET6 else host
+        self.url = f"http://{shown}:{bound_port}/lmsp/v1"
+        return sock
+
+    async def _serve(self, sock: socket.socket) -> None:
+        self._loop = asyncio.get_running_loop()
+        server = uvicorn.Server(self._uvicorn_config(sock))
+        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self._server = server
+        serve_task = asyncio.ensure_future(server.serve(sockets=[sock]))
+        while not server.started and not serve_task.done():
+            await asyncio.sleep(0.01)
+        if server.started:
+            self._write_discovery_file()
+            log.info("lmsp-tray %s serving %s", __version__, self.url)
+        self._started.set()
+        await serve_task
+
+    def serve_forever(self, sock: socket.socket) -> None:
+        """Serve in the foreground until SIGTERM/SIGINT (headless mode)."""
+        stop = threading.Event()
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            log.info("received %s, shutting down", signal.Signals(signum).name)
+            self.request_stop()
+            stop.set()
+
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            asyncio.run(self._serve(sock))
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            self.close()
+
+    def start_background(self, sock: socket.socket) -> None:
+        """Serve on a background thread (under the tray, and in tests); returns once listening."""
+        def run() -> None:
+            try:
+                asyncio.run(self._serve(sock))
+            except BaseException as exc:  # surfaced to the starter
+                self._startup_error = exc
+                self._started.set()
+
+        self._thread = threading.Thread(target=run, name="lmsp-http", daemon=True)
+        self._thread.start()
+        self._started.wait()
+        if self._startup_error is not None:
+            raise RuntimeError(f"the HTTP server did not start: {self._startup_error}")
+
+    def request_stop(self) -> None:
+        """Stop accepting, end open streams with their terminal event, then stop the server."""
+        loop, server = self._loop, self._server
+        if loop is None or server is None:
+            return
+
+        def begin() -> None:
+            self.service.cancel_all()
+            loop.call_later(0.2, setattr, server, "should_exit", True)
+
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(begin)
+
+    def stop_background(self, timeout: float = 10.0) -> None:
+        self.request_stop()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.close()
+
+    def close(self) -> None:
+        self._remove_discovery_file()
+        self.models.close()
+
+    # -- discovery file -------------------------------------------------------------------------
+    def _write_discovery_file(self) -> None:
+        path = self.paths.discovery_file
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        doc = {"url": self.url, "pid": os.getpid(), "version": __version__, "started_at": int(time.time())}
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh)
+        os.replace(tmp, path)
+
+    def _remove_discovery_file(self) -> None:
+        path = self.paths.discovery_file
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(path.read_text(encoding="utf-8")).get("pid") == os.getpid():
+                path.unlink()

@@ -1,0 +1,176 @@
+"""The set of loaded models: load on demand, unload on request or when idle.
+
+`ModelManager` is the only owner of `LlamaModel` objects. Loads of one model
+are de-duplicated (concurrent callers wait for the same load); states follow
+PROFILE §3 (`available`, `loading`, `loaded`, `unloading`, `error`). A
+background reaper unloads models idle for longer than their keep-alive.
+Listeners are told about every state change (the tray redraws from them).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from lmsp_tray.discovery.entry import ModelEntry
+from lmsp_tray.engine.model import LlamaModel, LoadOptions
+from lmsp_tray.engine.runtime import Runtime
+from lmsp_tray.errors import LMSPError, ModelLoadFailed
+
+log = logging.getLogger("lmsp_tray.engine")
+
+AVAILABLE, LOADING, LOADED, UNLOADING, ERROR = "available", "loading", "loaded", "unloading", "error"
+
+
+@dataclass
+class _Record:
+    state: str = AVAILABLE
+    model: LlamaModel | None = None
+    error: LMSPError | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    keep_alive: float | None = None  # seconds idle before unloading; None: never
+    last_used: float = field(default_factory=time.monotonic)
+
+
+class ModelManager:
+    def __init__(
+        self,
+        runtime: Runtime,
+        options: LoadOptions,
+        *,
+        keep_alive: float | None = 300.0,
+        reap_interval: float = 1.0,
+    ) -> None:
+        self._runtime = runtime
+        self._options = options
+        self._default_keep_alive = keep_alive
+        self._records: dict[str, _Record] = {}
+        self._lock = threading.RLock()
+        self._listeners: list[Callable[[str, str], None]] = []
+        self._closed = threading.Event()
+        self._reaper = threading.Thread(target=self._reap, args=(reap_interval,), name="lmsp-reaper", daemon=True)
+        self._reaper.start()
+
+    # -- observation ----------------------------------------------------------------------------
+    def subscribe(self, listener: Callable[[str, str], None]) -> None:
+        """`listener(model_id, state)` is called after every state change."""
+        self._listeners.append(listener)
+
+    def _set(self, model_id: str, record: _Record, state: str) -> None:
+        record.state = state
+        for listener in list(self._listeners):
+            try:
+                listener(model_id, state)
+            except Exception:  # a broken listener must not break loading
+                log.exception("model state listener failed")
+
+    def state(self, model_id: str) -> tuple[str, LMSPError | None]:
+        with self._lock:
+            record = self._records.get(model_id)
+            return (record.state, record.error) if record else (AVAILABLE, None)
+
+    def get(self, model_id: str) -> LlamaModel | None:
+        with self._lock:
+            record = self._records.get(model_id)
+            return record.model if record and record.state == LOADED else None
+
+    def loaded(self) -> list[LlamaModel]:
+        with self._lock:
+            return [r.model for r in self._records.values() if r.state == LOADED and r.model is not None]
+
+    # -- loading --------------------------------------------------------------------------------
+    def acquire(self, entry: ModelEntry, *, keep_alive: float | None | str = "default") -> LlamaModel:
+        """The loaded model for `entry`, loading it first if needed (blocking)."""
+        while True:
+            with self._lock:
+                record = self._records.get(entry.id)
+                if record is None or record.state in (AVAILABLE, ERROR):
+                    record = _Record(keep_alive=self._default_keep_alive)
+                    self._records[entry.id] = record
+                    self._set(entry.id, record, LOADING)
+                    loader = True
+                elif record.state == LOADED and record.model is not None:
+                    self._touch(record, keep_alive)
+                    return record.model
+                else:
+                    loader = False
+                    waiting_on = record
+            if loader:
+                return self._do_load(entry, record, keep_alive)
+            waiting_on.done.wait()
+            if waiting_on.state == ERROR and waiting_on.error is not None:
+                raise waiting_on.error
+
+    def _touch(self, record: _Record, keep_alive: float | None | str) -> None:
+        record.last_used = time.monotonic()
+        if keep_alive != "default":
+            record.keep_alive = keep_alive  # type: ignore[assignment]
+
+    def _do_load(self, entry: ModelEntry, record: _Record, keep_alive: float | None | str) -> LlamaModel:
+        try:
+            if not entry.ok:
+                raise ModelLoadFailed(f"'{entry.id}' cannot be loaded: {entry.error or 'unreadable file'}")
+            model = LlamaModel(self._runtime, entry, self._options)
+        except LMSPError as exc:
+            with self._lock:
+                record.error = exc
+                self._set(entry.id, record, ERROR)
+                record.done.set()
+            raise
+        with self._lock:
+            record.model = model
+            record.error = None
+            self._touch(record, keep_alive)
+            self._set(entry.id, record, LOADED)
+            record.done.set()
+        return model
+
+    def unload(self, model_id: str, *, drain: bool = True) -> bool:
+        """Unload a model; with `drain`, its running and queued requests finish first."""
+        with self._lock:
+            record = self._records.get(model_id)
+            if record is None or record.state != LOADED or record.model is None:
+                if record is not None and record.state == ERROR:
+                    del self._records[model_id]
+                    self._set(model_id, _Record(), AVAILABLE)
+                return False
+            model = record.model
+            self._set(model_id, record, UNLOADING)
+        model.close(drain=drain)
+        with self._lock:
+            if self._records.get(model_id) is record:
+                del self._records[model_id]
+            self._set(model_id, _Record(), AVAILABLE)
+        return True
+
+    def unload_all(self, *, drain: bool = True) -> None:
+        for model in self.loaded():
+            self.unload(model.id, drain=drain)
+
+    # -- idle unloading -------------------------------------------------------------------------
+    def _reap(self, interval: float) -> None:
+        while not self._closed.wait(interval):
+            now = time.monotonic()
+            idle: list[str] = []
+            with self._lock:
+                for model_id, record in self._records.items():
+                    model = record.model
+                    if record.state != LOADED or model is None or record.keep_alive is None:
+                        continue
+                    sched = model.scheduler
+                    if sched is None or sched.busy:
+                        record.last_used = now
+                        continue
+                    last = max(record.last_used, sched.last_activity)
+                    if now - last >= record.keep_alive:
+                        idle.append(model_id)
+            for model_id in idle:
+                log.info("unloading %s after keep-alive", model_id)
+                self.unload(model_id, drain=True)
+
+    def close(self) -> None:
+        self._closed.set()
+        self.unload_all(drain=False)

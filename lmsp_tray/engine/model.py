@@ -1,0 +1,260 @@
+"""A loaded model: the llama.cpp model and context, its vocabulary, template and scheduler.
+
+Loading decides where the model runs (all layers on the GPU when one is
+present and they fit, else the CPU with one thread per physical core),
+the context window (min of the trained length, the configured cap and
+8192 by default), and how many sequences decode together. The object then
+answers what the service needs: render a conversation, tokenize it, and
+submit a generation job to the scheduler thread that owns the context.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import llama_cpp
+
+from lmsp_tray.discovery.entry import ModelEntry
+from lmsp_tray.engine.jobs import GenerationJob
+from lmsp_tray.engine.runtime import Runtime, physical_cores
+from lmsp_tray.engine.scheduler import Scheduler
+from lmsp_tray.engine.templates import BUILTIN_TEMPLATES, ChatTemplate, builtin_template_name
+from lmsp_tray.errors import ModelLoadFailed
+
+log = logging.getLogger("lmsp_tray.engine")
+
+DEFAULT_BATCH = 512
+MAX_DEFAULT_PARALLEL = 4
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    context_cap: int = 8192
+    parallel: int | None = None  # None: from memory (up to 4)
+    threads: int | None = None  # None: physical cores
+    gpu: str = "auto"  # "auto" | "off"
+    gpu_layers: int | None = None  # None: all that fit
+    max_queue: int = 16
+    batch_size: int = DEFAULT_BATCH
+    kv_budget_bytes: int | None = None  # memory the KV caches of parallel sequences may take
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a loaded model runs, as reported to users."""
+
+    device: str  # "cpu" or "gpu"
+    gpu_layers: int
+    total_layers: int
+    threads: int
+    description: str
+
+
+def context_window(entry: ModelEntry, cap: int) -> int:
+    """The window the service uses: min(trained length, configured cap); 8192 when unknown."""
+    trained = entry.info.context_length if entry.info and entry.info.context_length else None
+    return max(16, min(trained or cap, cap))
+
+
+class LlamaModel:
+    """A model loaded into memory with its own scheduler thread."""
+
+    def __init__(self, runtime: Runtime, entry: ModelEntry, options: LoadOptions) -> None:
+        self.id = entry.id
+        self.entry = entry
+        self.options = options
+        self.loaded_at = time.time()
+        self._model = None
+        self._ctx = None
+        self.scheduler: Scheduler | None = None
+        started = time.monotonic()
+        mark = runtime.mark()
+        try:
+            self._load(runtime, entry, options)
+        except ModelLoadFailed:
+            self.close()
+            raise
+        except Exception as exc:  # llama.cpp surprises become a clear load failure
+            self.close()
+            raise ModelLoadFailed(f"Could not load '{entry.id}': {exc}") from None
+        finally:
+            self._log_tail = runtime.messages_since(mark)
+        self.load_seconds = time.monotonic() - started
+        log.info(
+            "loaded %s on %s (%d/%d layers on GPU, %d threads, context %d x %d sequences) in %.2fs",
+            self.id, self.placement.device, self.placement.gpu_layers, self.placement.total_layers,
+            self.placement.threads, self.context_length, self.parallel, self.load_seconds,
+        )
+
+    def _load(self, runtime: Runtime, entry: ModelEntry, options: LoadOptions) -> None:
+        mark = runtime.mark()
+        info = entry.info
+        total_layers = (info.block_count if info and info.block_count else 0) + 1
+        gpu_layers = 0
+        if options.gpu != "off" and runtime.has_gpu:
+            gpu_layers = options.gpu_layers if options.gpu_layers is not None else self._layers_that_fit(
+                runtime, entry, total_layers
+            )
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = gpu_layers
+        model = llama_cpp.llama_model_load_from_file(os.fsencode(entry.path), mparams)
+        if not model:
+            raise ModelLoadFailed(self._explain(runtime, mark, f"llama.cpp could not load {entry.path.name}"))
+        self._model = model
+        self.vocab = llama_cpp.llama_model_get_vocab(model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.context_length = context_window(entry, options.context_cap)
+        trained = llama_cpp.llama_model_n_ctx_train(model)
+        if trained > 0:
+            self.context_length = max(16, min(self.context_length, trained))
+        threads = options.threads or physical_cores()
+        self.parallel = self._parallel(entry, options)
+
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = self.context_length * self.parallel
+        cparams.n_seq_max = self.parallel
+        cparams.n_batch = options.batch_size
+        cparams.n_ubatch = options.batch_size
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.kv_unified = False
+        cparams.swa_full = True  # keeps whole-prefix reuse possible on sliding-window models
+        cparams.no_perf = True
+        ctx = llama_cpp.llama_init_from_model(model, cparams)
+        if not ctx:
+            raise ModelLoadFailed(
+                self._explain(runtime, mark, f"llama.cpp could not create a context of {cparams.n_ctx} tokens")
+            )
+        self._ctx = ctx
+        self.memory = llama_cpp.llama_get_memory(ctx)
+        self.context_per_sequence = llama_cpp.llama_n_ctx_seq(ctx) or self.context_length
+        self.context_length = min(self.context_length, self.context_per_sequence)
+
+        self._pieces: list[bytes | None] = [None] * self.n_vocab
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self.bos_text = self._token_text(llama_cpp.llama_vocab_bos(self.vocab))
+        self.eos_text = self._token_text(llama_cpp.llama_vocab_eos(self.vocab))
+        self.template = self._template(entry)
+        self.placement = Placement(
+            device="gpu" if gpu_layers > 0 else "cpu",
+            gpu_layers=min(gpu_layers, total_layers),
+            total_layers=total_layers,
+            threads=threads,
+            description=(
+                f"GPU ({runtime.devices[0].description or runtime.devices[0].name}), "
+                f"{min(gpu_layers, total_layers)}/{total_layers} layers"
+                if gpu_layers > 0 and runtime.devices
+                else f"CPU, {threads} threads"
+            ),
+        )
+        self.scheduler = Scheduler(
+            self,
+            parallel=self.parallel,
+            context_per_sequence=self.context_per_sequence,
+            batch_size=options.batch_size,
+            max_queue=options.max_queue,
+        )
+
+    # -- sizing ---------------------------------------------------------------------------------
+    @staticmethod
+    def _layers_that_fit(runtime: Runtime, entry: ModelEntry, total_layers: int) -> int:
+        free = sum(d.free_bytes for d in runtime.devices)
+        need = entry.size_bytes * 1.1 + 512 * 1024 * 1024  # weights + compute buffers
+        if free <= 0 or need <= free:
+            return 999  # everything
+        return max(0, int(total_layers * (free - 512 * 1024 * 1024) / max(entry.size_bytes, 1)))
+
+    def _parallel(self, entry: ModelEntry, options: LoadOptions) -> int:
+        if options.parallel:
+            return max(1, options.parallel)
+        per_token = entry.info.kv_bytes_per_token() if entry.info else None
+        if not per_token or not options.kv_budget_bytes:
+            return MAX_DEFAULT_PARALLEL
+        fits = options.kv_budget_bytes // (per_token * self.context_length)
+        return int(max(1, min(MAX_DEFAULT_PARALLEL, fits)))
+
+    def kv_bytes(self) -> int:
+        per_token = self.entry.info.kv_bytes_per_token() if self.entry.info else None
+        return (per_token or 0) * self.context_length * self.parallel
+
+    # -- vocabulary and template ----------------------------------------------------------------
+    def _explain(self, runtime: Runtime, mark: int, headline: str) -> str:
+        lines = [ln for ln in runtime.messages_since(mark) if ln]
+        reason = lines[-1] if lines else "no reason given"
+        return f"{headline}: {reason}"
+
+    def _token_text(self, token: int) -> str:
+        if token < 0 or token >= self.n_vocab:
+            return ""
+        raw = llama_cpp.llama_vocab_get_text(self.vocab, token)
+        return raw.decode("utf-8", errors="replace") if raw else ""
+
+    def _template(self, entry: ModelEntry) -> ChatTemplate:
+        source = entry.info.chat_template if entry.info else None
+        if source:
+            try:
+                return ChatTemplate(source, "model", self.bos_text, self.eos_text)
+            except ValueError as exc:
+                log.warning("%s: own chat template unusable (%s); using a built-in one", self.id, exc)
+        name = builtin_template_name(entry.info.architecture if entry.info else None, self.has_token)
+        return ChatTemplate(BUILTIN_TEMPLATES[name], name, self.bos_text, self.eos_text)
+
+    def has_token(self, text: str) -> bool:
+        """True when `text` is a single special token of this vocabulary."""
+        tokens = self.tokenize(text, add_special=False, parse_special=True)
+        return len(tokens) == 1 and bool(
+            llama_cpp.llama_vocab_get_attr(self.vocab, tokens[0]) & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
+        )
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        raw = text.encode("utf-8")
+        size = len(raw) + 8
+        buf = (llama_cpp.llama_token * size)()
+        n = llama_cpp.llama_tokenize(self.vocab, raw, len(raw), buf, size, add_special, parse_special)
+        if n < 0:
+            size = -n
+            buf = (llama_cpp.llama_token * size)()
+            n = llama_cpp.llama_tokenize(self.vocab, raw, len(raw), buf, size, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token (special tokens render as nothing)."""
+        cached = self._pieces[token]
+        if cached is None:
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, self._piece_buf, 256, 0, False)
+            cached = self._piece_buf.raw[:n] if n > 0 else b""
+            self._pieces[token] = cached
+        return cached
+
+    def is_eog(self, token: int) -> bool:
+        return llama_cpp.llama_vocab_is_eog(self.vocab, token)
+
+    def render(self, messages: Sequence[dict[str, Any]], **kwargs: Any) -> str:
+        return self.template.render(messages, **kwargs)
+
+    # -- generation -----------------------------------------------------------------------------
+    def submit(self, job: GenerationJob) -> None:
+        assert self.scheduler is not None
+        self.scheduler.submit(job)
+
+    @property
+    def ctx(self) -> llama_cpp.llama_context_p:
+        return self._ctx
+
+    def close(self, *, drain: bool = False) -> None:
+        """Stop the scheduler (letting running work finish with `drain`) and free memory."""
+        if self.scheduler is not None:
+            self.scheduler.stop(drain=drain)
+            self.scheduler.close()
+            self.scheduler = None
+        if self._ctx:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None

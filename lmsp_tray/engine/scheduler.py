@@ -1,0 +1,335 @@
+"""The per-model scheduler: one thread that owns the llama context and steps generation.
+
+Every running request is a sequence (a slot) in one llama context. Each step
+builds one batch holding the next token of every generating sequence plus a
+chunk of a newcomer's prompt, decodes it once, and samples each sequence with
+its own sampler — continuous batching, so concurrent requests share decode
+steps instead of queueing behind each other. Requests wait FIFO for a free
+slot; a full waiting line answers `429`. A slot keeps its KV cache after its
+request ends, and a new request goes to the free slot whose cached tokens
+share the longest prefix with its prompt, so a continued conversation only
+evaluates what is new. Cancellation (client gone) is checked before every
+step, so a cancelled request stops within one decode step.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+import llama_cpp
+
+from lmsp_tray.engine.jobs import CANCELLED, CONTEXT, ERROR, LENGTH, STOP, Finish, GenerationJob
+from lmsp_tray.engine.sampling import GrammarError, Sampler
+from lmsp_tray.engine.textstream import TextStream
+from lmsp_tray.errors import (
+    ContextLengthExceeded,
+    InternalError,
+    InvalidRequest,
+    LMSPError,
+    ServiceUnavailable,
+    TooManyRequests,
+)
+
+if TYPE_CHECKING:
+    from lmsp_tray.engine.model import LlamaModel
+
+log = logging.getLogger("lmsp_tray.engine")
+
+
+@dataclass(eq=False)
+class _Slot:
+    seq_id: int
+    cache: list[int] = field(default_factory=list)  # tokens whose KV this sequence holds
+    job: GenerationJob | None = None
+    pending: Sequence[int] = ()  # prompt tokens still to evaluate
+    last_token: int = -1  # sampled, not yet decoded
+    generated: int = 0
+    reused: int = 0
+    sampler: Sampler | None = None
+    stream: TextStream | None = None
+    admitted: int = 0  # admission order (FIFO among prompt chunks)
+    last_used: float = 0.0
+    # per step
+    fed: Sequence[int] = ()
+    out: int = -1
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class Scheduler:
+    def __init__(
+        self,
+        model: "LlamaModel",
+        *,
+        parallel: int,
+        context_per_sequence: int,
+        batch_size: int,
+        max_queue: int,
+        busy_prompt_chunk: int = 256,
+    ) -> None:
+        self._model = model
+        self._slots = [_Slot(i) for i in range(parallel)]
+        self._ctx_seq = context_per_sequence
+        self._batch_size = batch_size
+        self._busy_chunk = min(busy_prompt_chunk, batch_size)
+        self._max_queue = max_queue
+        self._queue: collections.deque[GenerationJob] = collections.deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._drain = False
+        self._admissions = 0
+        self._batch = llama_cpp.llama_batch_init(batch_size, 0, 1)
+        self._durations: collections.deque[float] = collections.deque(maxlen=16)
+        self.steps = 0  # decode steps performed (observable by tests and the tray)
+        self.last_activity = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name=f"lmsp-model-{model.id}", daemon=True)
+        self._thread.start()
+
+    # -- called from other threads ---------------------------------------------------------------
+    def submit(self, job: GenerationJob) -> None:
+        with self._cond:
+            if self._stopping or self._drain:
+                raise ServiceUnavailable("The model is being unloaded; send the request again to load it anew.")
+            waiting = len(self._queue)
+            free = sum(1 for s in self._slots if s.job is None)
+            if waiting >= self._max_queue and free == 0:
+                raise TooManyRequests(
+                    f"{waiting} requests are already waiting for this model; try again shortly.",
+                    headers={"Retry-After": str(self._retry_after(waiting))},
+                )
+            self._queue.append(job)
+            self.last_activity = time.monotonic()
+            self._cond.notify()
+
+    def _retry_after(self, waiting: int) -> int:
+        typical = sorted(self._durations)[len(self._durations) // 2] if self._durations else 2.0
+        return max(1, min(60, math.ceil(typical * (waiting + 1) / len(self._slots))))
+
+    @property
+    def busy(self) -> bool:
+        """True while any request is waiting or generating (the model must not be evicted)."""
+        with self._cond:
+            return bool(self._queue) or any(s.job is not None for s in self._slots)
+
+    @property
+    def queued(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    @property
+    def generating(self) -> int:
+        with self._cond:
+            return sum(1 for s in self._slots if s.job is not None)
+
+    def stop(self, *, drain: bool = False, timeout: float | None = None) -> None:
+        """Stop the thread. With `drain`, running and queued requests finish first."""
+        with self._cond:
+            if drain:
+                self._drain = True
+            else:
+                self._stopping = True
+            self._cond.notify()
+        if drain:
+            with self._cond:
+                self._cond.wait_for(lambda: not self._queue and all(s.job is None for s in self._slots), timeout)
+                self._stopping = True
+                self._cond.notify()
+        self._thread.join(timeout)
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self.stop()
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+
+    # -- the scheduler thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._stopping and not self._queue and all(s.job is None for s in self._slots):
+                        self._cond.notify_all()  # wakes a draining stop()
+                        self._cond.wait()
+                    if self._stopping:
+                        break
+                    admitted = self._admit()
+                for slot in admitted:
+                    self._prepare(slot)
+                self._step()
+        except Exception:  # never leave callers waiting forever
+            log.exception("scheduler of %s crashed", self._model.id)
+        finally:
+            error = ServiceUnavailable("The model was unloaded while the request was running.")
+            with self._cond:
+                self._stopping = True
+                queued, self._queue = list(self._queue), collections.deque()
+                self._cond.notify_all()
+            for slot in self._slots:
+                if slot.job is not None:
+                    self._finish(slot, ERROR, error)
+            for job in queued:
+                job.sink(Finish(ERROR, len(job.prompt), 0, error=error))
+
+    def _admit(self) -> list[_Slot]:
+        """Move waiting jobs into free slots (FIFO), choosing slots by longest cached prefix."""
+        admitted: list[_Slot] = []
+        while self._queue:
+            free = [s for s in self._slots if s.job is None]
+            if not free:
+                break
+            job = self._queue.popleft()
+            if job.cancelled:
+                job.sink(Finish(CANCELLED, len(job.prompt), 0))
+                continue
+            best = max(free, key=lambda s: (common_prefix(s.cache, job.prompt), -s.last_used))
+            best.job = job
+            self._admissions += 1
+            best.admitted = self._admissions
+            admitted.append(best)
+        return admitted
+
+    def _prepare(self, slot: _Slot) -> None:
+        job = slot.job
+        assert job is not None
+        job.started_at = time.monotonic()
+        keep = min(common_prefix(slot.cache, job.prompt), len(job.prompt) - 1)
+        mem = self._model.memory
+        if not llama_cpp.llama_memory_seq_rm(mem, slot.seq_id, keep, -1):
+            llama_cpp.llama_memory_seq_rm(mem, slot.seq_id, -1, -1)
+            keep = 0
+        del slot.cache[keep:]
+        slot.pending = job.prompt[keep:]
+        slot.reused = keep
+        slot.generated = 0
+        slot.last_token = -1
+        slot.stream = TextStream(job.stop)
+        try:
+            slot.sampler = Sampler(self._model.vocab, job.sampling)
+        except GrammarError as exc:
+            self._finish(slot, ERROR, InvalidRequest(f"The output constraint could not be compiled: {exc}."))
+
+    def _step(self) -> None:
+        active = [s for s in self._slots if s.job is not None]
+        for slot in active:
+            if slot.job is not None and slot.job.cancelled:
+                self._finish(slot, CANCELLED)
+        active = [s for s in active if s.job is not None]
+        if not active:
+            return
+        batch = self._batch
+        n = 0
+        for slot in active:
+            slot.fed, slot.out = (), -1
+            if not slot.pending:
+                self._add(batch, n, slot.last_token, len(slot.cache), slot.seq_id, True)
+                slot.fed, slot.out = (slot.last_token,), n
+                n += 1
+        budget = (self._batch_size if n == 0 else self._busy_chunk) - n
+        for slot in sorted((s for s in active if s.pending), key=lambda s: s.admitted):
+            if budget <= 0:
+                break
+            chunk = slot.pending[:budget]
+            pos = len(slot.cache)
+            last = len(chunk) == len(slot.pending)
+            for j, token in enumerate(chunk):
+                self._add(batch, n, token, pos + j, slot.seq_id, last and j == len(chunk) - 1)
+                n += 1
+            slot.fed = chunk
+            slot.out = n - 1 if last else -1
+            budget -= len(chunk)
+        batch.n_tokens = n
+        result = llama_cpp.llama_decode(self._model.ctx, batch)
+        self.steps += 1
+        self.last_activity = time.monotonic()
+        if result != 0:
+            self._decode_failed(active, result)
+            return
+        for slot in active:
+            if not slot.fed:
+                continue
+            slot.cache.extend(slot.fed)
+            if slot.pending:
+                slot.pending = slot.pending[len(slot.fed):]
+            if slot.out >= 0:
+                assert slot.sampler is not None
+                self._on_token(slot, slot.sampler.sample(self._model.ctx, slot.out))
+
+    @staticmethod
+    def _add(batch: llama_cpp.llama_batch, i: int, token: int, pos: int, seq: int, logits: bool) -> None:
+        batch.token[i] = token
+        batch.pos[i] = pos
+        batch.n_seq_id[i] = 1
+        batch.seq_id[i][0] = seq
+        batch.logits[i] = logits
+
+    def _decode_failed(self, active: list[_Slot], code: int) -> None:
+        if code == 1:
+            error: LMSPError = ContextLengthExceeded(
+                "The model's memory for this conversation is full; shorten the input or max_output_tokens."
+            )
+        else:
+            error = InternalError(f"The model failed to decode (llama_decode returned {code}).")
+        log.warning("llama_decode returned %s for %s", code, self._model.id)
+        for slot in active:
+            if slot.fed:
+                llama_cpp.llama_memory_seq_rm(self._model.memory, slot.seq_id, -1, -1)
+                slot.cache.clear()
+                self._finish(slot, ERROR, error)
+
+    def _on_token(self, slot: _Slot, token: int) -> None:
+        job = slot.job
+        assert job is not None and slot.stream is not None
+        if job.first_token_at is None:
+            job.first_token_at = time.monotonic()
+        if self._model.is_eog(token) or token in job.stop_tokens:
+            self._finish(slot, STOP)
+            return
+        slot.generated += 1
+        text = slot.stream.push(self._model.piece(token))
+        if text:
+            job.sink(text)
+        if slot.stream.stopped:
+            self._finish(slot, STOP)
+        elif slot.generated >= job.max_tokens:
+            self._finish(slot, LENGTH)
+        elif len(slot.cache) >= self._ctx_seq:
+            self._finish(slot, CONTEXT)
+        else:
+            slot.last_token = token
+
+    def _finish(self, slot: _Slot, reason: str, error: LMSPError | None = None) -> None:
+        job = slot.job
+        assert job is not None
+        if error is None and slot.stream is not None:
+            rest = slot.stream.flush()
+            if rest:
+                job.sink(rest)
+        if slot.sampler is not None:
+            slot.sampler.close()
+            slot.sampler = None
+        slot.job = None
+        slot.pending = ()
+        slot.stream = None
+        slot.last_used = time.monotonic()
+        if job.started_at is not None:
+            self._durations.append(slot.last_used - job.started_at)
+        job.sink(Finish(reason, len(job.prompt), slot.generated, cached_tokens=slot.reused, error=error))

@@ -1,0 +1,48 @@
+"""The Starlette application: routes, the LMSP-Version rule and problem documents."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.applications import Starlette
+
+from lmsp_tray.errors import UnsupportedVersion
+from lmsp_tray.http.problems import EXCEPTION_HANDLERS, send_problem
+from lmsp_tray.http.routes import ROUTES
+from lmsp_tray.service import Service
+
+
+class VersionMiddleware:
+    """Every response carries `LMSP-Version: 1.0`; a request for another major version gets 400."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"lmsp-version":
+                major = value.decode("latin-1").strip().split(".", 1)[0]
+                if major != "1":
+                    await send_problem(send, UnsupportedVersion(
+                        f"LMSP-Version {value.decode('latin-1')!r} is not supported; this service speaks 1.0.",
+                        param="LMSP-Version"))
+                    return
+
+        async def send_with_version(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                if not any(k.lower() == b"lmsp-version" for k, _ in headers):
+                    headers.append((b"lmsp-version", b"1.0"))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_version)
+
+
+def create_app(service: Service) -> Any:
+    app = Starlette(routes=list(ROUTES), exception_handlers=dict(EXCEPTION_HANDLERS))
+    app.state.service = service
+    return VersionMiddleware(app)

@@ -1,0 +1,125 @@
+"""Server-sent events: encoding, keep-alive comments, and stopping work when the client leaves.
+
+`EventStream` is a small ASGI response. It sends each event the moment it
+is produced (no buffering), writes `: keep-alive` after 15 s of silence,
+and watches the connection: when the client disconnects it calls
+`on_disconnect` at once (so generation stops within one decode step) and
+closes the event source. Events must end with a terminal one; if the
+source fails anyway, the stream still ends with an `error` event rather
+than a broken connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any, AsyncIterator, Callable
+
+from lmsp_tray.errors import InternalError
+from lmsp_tray.protocol.events import Event
+
+log = logging.getLogger("lmsp_tray.http")
+
+KEEPALIVE_SECONDS = 15.0
+KEEPALIVE = b": keep-alive\n\n"
+
+
+def encode_event(event: Event) -> bytes:
+    data = json.dumps(event.data, ensure_ascii=False, separators=(",", ":"))
+    return f"id: {event.id}\nevent: {event.name}\ndata: {data}\n\n".encode("utf-8")
+
+
+def error_event(event_id: int, problem: dict[str, Any]) -> Event:
+    return Event(event_id, "error", {"type": "error", "sequence_number": event_id, "error": problem})
+
+
+class EventStream:
+    def __init__(
+        self,
+        events: AsyncIterator[Event],
+        *,
+        on_disconnect: Callable[[], None] | None = None,
+        headers: dict[str, str] | None = None,
+        keepalive: float = KEEPALIVE_SECONDS,
+    ) -> None:
+        self._events = events
+        self._on_disconnect = on_disconnect
+        self._headers = headers or {}
+        self._keepalive = keepalive
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+        ] + [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self._headers.items()]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        gone = asyncio.ensure_future(_wait_disconnect(receive))
+        source = self._events.__aiter__()
+        last_id = 0
+        pending: asyncio.Future | None = None
+        try:
+            while True:
+                pending = asyncio.ensure_future(source.__anext__())
+                while True:
+                    done, _ = await asyncio.wait({pending, gone}, timeout=self._keepalive,
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                    if gone in done:
+                        raise _ClientGone
+                    if pending in done:
+                        break
+                    await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
+                try:
+                    event = pending.result()
+                except StopAsyncIteration:
+                    break
+                finally:
+                    pending = None
+                last_id = event.id
+                await send({"type": "http.response.body", "body": encode_event(event), "more_body": True})
+                if event.terminal:
+                    break
+        except _ClientGone:
+            if self._on_disconnect is not None:
+                self._on_disconnect()
+            return
+        except OSError:  # the socket went away mid-send
+            if self._on_disconnect is not None:
+                self._on_disconnect()
+            return
+        except Exception:
+            log.exception("event stream failed")
+            problem = InternalError("The stream failed unexpectedly; it has been logged.").to_problem()
+            with contextlib.suppress(Exception):
+                await send({"type": "http.response.body", "body": encode_event(error_event(last_id + 1, problem)),
+                            "more_body": True})
+        finally:
+            if pending is not None:
+                pending.cancel()
+                with contextlib.suppress(BaseException):
+                    await pending
+            gone.cancel()
+            with contextlib.suppress(BaseException):
+                await gone
+            with contextlib.suppress(Exception):
+                await source.aclose()  # type: ignore[attr-defined]
+        with contextlib.suppress(Exception):
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class _ClientGone(Exception):
+    pass
+
+
+async def _wait_disconnect(receive: Any) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def wait_disconnect(receive: Any) -> None:
+    """Resolves when the client disconnects (the request body must already have been read)."""
+    await _wait_disconnect(receive)

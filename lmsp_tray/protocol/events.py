@@ -1,0 +1,246 @@
+"""LMSP response objects, output items and stream events, built exactly as PROFILE §1 says.
+
+`ResponseAssembler` turns what a model produces (text, reasoning, function
+call pieces) into the ordered list of semantic events of one response and the
+final response object. The same events serve a direct SSE stream, a task's
+event log and a sync response (which just keeps the final object), so the
+three can never disagree. Event ids are integers from 1, strictly increasing.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from lmsp_tray.ids import new_id
+
+TERMINAL_EVENTS = frozenset(
+    {"response.completed", "response.incomplete", "response.failed", "response.cancelled", "error"}
+)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One SSE event: integer id, event name, JSON data (which repeats `type` and `sequence_number`)."""
+
+    id: int
+    name: str
+    data: dict[str, Any]
+
+    @property
+    def terminal(self) -> bool:
+        return self.name in TERMINAL_EVENTS
+
+
+def usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
+    return {"input_tokens": input_tokens, "output_tokens": output_tokens, "total_tokens": input_tokens + output_tokens}
+
+
+@dataclass
+class _OpenItem:
+    index: int
+    item: dict[str, Any]
+    text: list[str] = field(default_factory=list)
+
+
+class ResponseAssembler:
+    """Builds the events and the response object of one response as output arrives.
+
+    Call `start()`, then `text()` / `reasoning()` / `function_call_*()` as the
+    model produces them, then exactly one of `complete()`, `incomplete()`,
+    `fail()`, `cancel()`. Each call returns the events it produced.
+    """
+
+    def __init__(self, model: str, *, response_id: str | None = None, created_at: int | None = None,
+                 first_event_id: int = 1) -> None:
+        self.response_id = response_id or new_id("resp")
+        self.model = model
+        self.created_at = int(time.time()) if created_at is None else created_at
+        self.status = "in_progress"
+        self.output: list[dict[str, Any]] = []
+        self.usage: dict[str, int] | None = None
+        self.error: dict[str, Any] | None = None
+        self.incomplete_details: dict[str, Any] | None = None
+        self._next_id = first_event_id
+        self._open: _OpenItem | None = None
+
+    # -- the response object ------------------------------------------------------------------
+    def response(self) -> dict[str, Any]:
+        return {
+            "id": self.response_id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": self.status,
+            "model": self.model,
+            "output": copy.deepcopy(self.output),
+            "usage": dict(self.usage) if self.usage else None,
+            "error": self.error,
+            "incomplete_details": self.incomplete_details,
+        }
+
+    @property
+    def finished(self) -> bool:
+        return self.status != "in_progress"
+
+    @property
+    def output_text(self) -> str:
+        return "".join(
+            part.get("text", "")
+            for item in self.output
+            if item.get("type") == "message"
+            for part in item.get("content", [])
+        )
+
+    # -- events -----------------------------------------------------------------------------------
+    def _event(self, name: str, **data: Any) -> Event:
+        eid = self._next_id
+        self._next_id += 1
+        payload = {"type": name, "sequence_number": eid, "response_id": self.response_id, **data}
+        return Event(eid, name, payload)
+
+    def start(self) -> list[Event]:
+        return [self._event("response.created", status="in_progress", response=self.response())]
+
+    def text(self, delta: str) -> list[Event]:
+        """Append assistant message text (opens a message item if none is open)."""
+        if not delta:
+            return []
+        events = self._ensure_open("message")
+        assert self._open is not None
+        self._open.text.append(delta)
+        events.append(
+            self._event(
+                "response.output_text.delta",
+                item_id=self._open.item["id"],
+                output_index=self._open.index,
+                content_index=0,
+                delta=delta,
+            )
+        )
+        return events
+
+    def reasoning(self, delta: str) -> list[Event]:
+        """Append reasoning (thinking) text; it becomes a `reasoning` item with a summary."""
+        if not delta:
+            return []
+        events = self._ensure_open("reasoning")
+        assert self._open is not None
+        self._open.text.append(delta)
+        events.append(
+            self._event(
+                "response.reasoning_summary_text.delta",
+                item_id=self._open.item["id"],
+                output_index=self._open.index,
+                summary_index=0,
+                delta=delta,
+            )
+        )
+        return events
+
+    def function_call_start(self, name: str) -> list[Event]:
+        events = self.close_item()
+        item = {
+            "id": new_id("fc"),
+            "type": "function_call",
+            "status": "in_progress",
+            "call_id": new_id("call"),
+            "name": name,
+            "arguments": "",
+        }
+        events += self._open_item(item)
+        return events
+
+    def function_call_arguments(self, delta: str) -> list[Event]:
+        if not delta or self._open is None or self._open.item["type"] != "function_call":
+            return []
+        self._open.text.append(delta)
+        return [
+            self._event(
+                "response.function_call_arguments.delta",
+                item_id=self._open.item["id"],
+                output_index=self._open.index,
+                delta=delta,
+            )
+        ]
+
+    def close_item(self) -> list[Event]:
+        """Finish the open output item, if any, with `response.output_item.done`."""
+        open_ = self._open
+        if open_ is None:
+            return []
+        self._open = None
+        item = open_.item
+        text = "".join(open_.text)
+        events: list[Event] = []
+        if item["type"] == "message":
+            item["content"] = [{"type": "output_text", "text": text, "annotations": []}]
+            events.append(self._event("response.output_text.done", item_id=item["id"], output_index=open_.index,
+                                      content_index=0, text=text))
+            events.append(self._event("response.content_part.done", item_id=item["id"], output_index=open_.index,
+                                      content_index=0, part=copy.deepcopy(item["content"][0])))
+        elif item["type"] == "reasoning":
+            item["summary"] = [{"type": "summary_text", "text": text}]
+            events.append(self._event("response.reasoning_summary_text.done", item_id=item["id"],
+                                      output_index=open_.index, summary_index=0, text=text))
+        elif item["type"] == "function_call":
+            item["arguments"] = text
+            events.append(self._event("response.function_call_arguments.done", item_id=item["id"],
+                                      output_index=open_.index, arguments=text))
+        item["status"] = "completed"
+        self.output[open_.index] = item
+        events.append(self._event("response.output_item.done", output_index=open_.index, item=copy.deepcopy(item)))
+        return events
+
+    def _ensure_open(self, kind: str) -> list[Event]:
+        if self._open is not None and self._open.item["type"] == kind:
+            return []
+        events = self.close_item()
+        if kind == "message":
+            item = {"id": new_id("msg"), "type": "message", "status": "in_progress", "role": "assistant", "content": []}
+        else:
+            item = {"id": new_id("rs"), "type": "reasoning", "summary": []}
+        events += self._open_item(item)
+        if kind == "message":
+            events.append(self._event("response.content_part.added", item_id=item["id"], output_index=self._open.index,
+                                      content_index=0, part={"type": "output_text", "text": "", "annotations": []}))
+        return events
+
+    def _open_item(self, item: dict[str, Any]) -> list[Event]:
+        index = len(self.output)
+        self.output.append(item)
+        self._open = _OpenItem(index, item)
+        return [self._event("response.output_item.added", output_index=index, item=copy.deepcopy(item))]
+
+    # -- terminal events --------------------------------------------------------------------------
+    def complete(self, input_tokens: int, output_tokens: int) -> list[Event]:
+        events = self.close_item()
+        self.status = "completed"
+        self.usage = usage(input_tokens, output_tokens)
+        events.append(self._event("response.completed", status=self.status, usage=dict(self.usage),
+                                  response=self.response()))
+        return events
+
+    def incomplete(self, reason: str, input_tokens: int, output_tokens: int) -> list[Event]:
+        events = self.close_item()
+        self.status = "incomplete"
+        self.usage = usage(input_tokens, output_tokens)
+        self.incomplete_details = {"reason": reason}
+        events.append(self._event("response.incomplete", status=self.status,
+                                  incomplete_details=dict(self.incomplete_details), usage=dict(self.usage),
+                                  response=self.response()))
+        return events
+
+    def fail(self, problem: dict[str, Any]) -> list[Event]:
+        events = self.close_item()
+        self.status = "failed"
+        self.error = problem
+        events.append(self._event("response.failed", status=self.status, error=problem, response=self.response()))
+        return events
+
+    def cancel(self) -> list[Event]:
+        events = self.close_item()
+        self.status = "cancelled"
+        events.append(self._event("response.cancelled", status=self.status, response=self.response()))
+        return events

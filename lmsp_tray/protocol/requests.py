@@ -1,0 +1,377 @@
+"""Validation of `POST /responses` bodies: pydantic at the edge, plain dataclasses inside.
+
+Strict in what it accepts where a mistake would change the answer (types,
+ranges, reserved content types), liberal where existing Responses-style
+clients differ harmlessly: `input` as a plain string, a message item without
+`type`, `content` as a string, a `developer` role, `instructions`,
+`text.format` for the response format, and unknown top-level fields (ignored).
+Every rejection is an `InvalidRequest` naming the field at fault.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from lmsp_tray.errors import InvalidRequest, UnsupportedCapability
+
+RESERVED_CONTENT = frozenset(
+    {"input_image", "input_audio", "input_file", "image", "image_url", "audio", "file", "input_video"}
+)
+MAX_STOP_SEQUENCES = 8
+
+
+class _Edge(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class InputTextPart(_Edge):
+    type: Literal["input_text", "text"]
+    text: str
+
+
+class OutputTextPart(_Edge):
+    type: Literal["output_text"]
+    text: str
+
+
+class RefusalPart(_Edge):
+    type: Literal["refusal"]
+    refusal: str
+
+
+ContentPart = Annotated[Union[InputTextPart, OutputTextPart, RefusalPart], Field(discriminator="type")]
+
+
+class MessageItem(_Edge):
+    type: Literal["message"] = "message"
+    role: Literal["system", "developer", "user", "assistant"]
+    content: list[ContentPart]
+    id: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [{"type": "input_text", "text": value}]
+        if isinstance(value, list):
+            for i, part in enumerate(value):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind in RESERVED_CONTENT:
+                    raise _Reserved(kind, i)
+        return value
+
+
+class FunctionCallItem(_Edge):
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: str
+    id: str | None = None
+
+
+class FunctionCallOutputItem(_Edge):
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1)
+    output: str
+    id: str | None = None
+
+    @field_validator("output", mode="before")
+    @classmethod
+    def _output(cls, value: Any) -> Any:
+        # Some clients send output as content parts; keep their text.
+        if isinstance(value, list) and all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in value):
+            return "".join(p["text"] for p in value)
+        return value
+
+
+class ReasoningItem(_Edge):
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[dict[str, Any]] = Field(default_factory=list)
+
+
+InputItem = Annotated[
+    Union[MessageItem, FunctionCallItem, FunctionCallOutputItem, ReasoningItem], Field(discriminator="type")
+]
+
+
+class JSONSchemaFormat(_Edge):
+    name: str = "response"
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(_Edge):
+    type: Literal["text", "json_schema", "json_object"]
+    json_schema: JSONSchemaFormat | None = None
+    # Responses-style `text.format` puts name/schema at this level.
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+
+    @model_validator(mode="after")
+    def _schema_present(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            if self.schema_ is None:
+                raise ValueError("json_schema.schema is required when type is 'json_schema'")
+            self.json_schema = JSONSchemaFormat(name=self.name or "response", schema=self.schema_)
+        return self
+
+
+class FunctionTool(_Edge):
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool | None = None
+
+
+class NamedToolChoice(_Edge):
+    type: Literal["function"]
+    name: str
+
+
+class LmspTrayOptions(_Edge):
+    """`extensions.lmsp_tray`: this service's own sampling and lifecycle options."""
+
+    seed: int | None = Field(default=None, ge=0, le=2**32 - 2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    stop: list[str] | None = None
+    repeat_penalty: float | None = Field(default=None, gt=0, le=10)
+    keep_alive: float | str | None = None
+    reasoning: bool | None = None
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, list):
+            if len(value) > MAX_STOP_SEQUENCES:
+                raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
+            if any(isinstance(s, str) and not s for s in value):
+                raise ValueError("stop sequences must not be empty")
+        return value
+
+
+class ResponseCreate(_Edge):
+    model: str = Field(min_length=1)
+    input: list[InputItem]
+    instructions: str | None = None
+    stream: bool = False
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    response_format: ResponseFormat | None = None
+    text: dict[str, Any] | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    store: bool = False
+    previous_response_id: str | None = None
+    extensions: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _input(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [{"type": "message", "role": "user", "content": value}]
+        if isinstance(value, list):
+            return [
+                {**item, "type": "message"} if isinstance(item, dict) and "type" not in item and "role" in item else item
+                for item in value
+            ]
+        return value
+
+    @field_validator("extensions", mode="before")
+    @classmethod
+    def _extensions(cls, value: Any) -> Any:
+        return {} if value is None else value
+
+
+class _Reserved(ValueError):
+    def __init__(self, kind: str, index: int) -> None:
+        super().__init__(kind)
+        self.kind = kind
+        self.index = index
+
+
+# ---------------------------------------------------------------------------------------------
+# Internal form
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str  # system | user | assistant   (developer folds into system)
+    text: str
+
+
+@dataclass(frozen=True)
+class FunctionCall:
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+
+
+@dataclass(frozen=True)
+class FunctionCallOutput:
+    call_id: str
+    output: str
+
+
+Item = Message | FunctionCall | FunctionCallOutput
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str | None
+    parameters: dict[str, Any]
+
+
+@dataclass
+class ResponseRequest:
+    """A validated request, independent of HTTP and pydantic."""
+
+    model: str
+    items: list[Item]
+    stream: bool = False
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    repeat_penalty: float | None = None
+    keep_alive: float | str | None = None
+    reasoning: bool | None = None
+    json_schema: dict[str, Any] | None = None  # response_format json_schema's schema
+    json_object: bool = False
+    tools: list[Tool] = field(default_factory=list)
+    tool_choice: str | dict[str, str] = "auto"
+    store: bool = False
+    previous_response_id: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict)  # the body as received (for storage/idempotency)
+
+
+def parse_response_create(body: Any) -> ResponseRequest:
+    """Validate a decoded JSON body into a `ResponseRequest`, or raise a typed LMSP error."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    try:
+        edge = ResponseCreate.model_validate(body)
+    except ValidationError as exc:
+        raise _translate(exc) from None
+    ext = edge.extensions.get("lmsp_tray")
+    try:
+        opts = LmspTrayOptions.model_validate(ext or {})
+    except ValidationError as exc:
+        raise _translate(exc, prefix=("extensions", "lmsp_tray")) from None
+    if ext is not None and not isinstance(ext, dict):
+        raise InvalidRequest("extensions.lmsp_tray must be an object.", param="extensions.lmsp_tray")
+
+    items: list[Item] = []
+    if edge.instructions:
+        items.append(Message("system", edge.instructions))
+    for item in edge.input:
+        if isinstance(item, MessageItem):
+            role = "system" if item.role == "developer" else item.role
+            text = "".join(p.text if not isinstance(p, RefusalPart) else p.refusal for p in item.content)
+            items.append(Message(role, text))
+        elif isinstance(item, FunctionCallItem):
+            items.append(FunctionCall(item.call_id, item.name, item.arguments, item.id))
+        elif isinstance(item, FunctionCallOutputItem):
+            items.append(FunctionCallOutput(item.call_id, item.output))
+        # reasoning items sent back are context the model does not need again
+
+    fmt = edge.response_format
+    if fmt is None and edge.text and isinstance(edge.text.get("format"), dict):
+        try:
+            fmt = ResponseFormat.model_validate(edge.text["format"])
+        except ValidationError as exc:
+            raise _translate(exc, prefix=("text", "format")) from None
+    tool_choice: str | dict[str, str] = "auto"
+    if isinstance(edge.tool_choice, NamedToolChoice):
+        tool_choice = {"type": "function", "name": edge.tool_choice.name}
+    elif edge.tool_choice is not None:
+        tool_choice = edge.tool_choice
+
+    return ResponseRequest(
+        model=edge.model,
+        items=items,
+        stream=edge.stream,
+        max_output_tokens=edge.max_output_tokens,
+        temperature=edge.temperature,
+        top_p=opts.top_p if opts.top_p is not None else edge.top_p,
+        top_k=opts.top_k,
+        min_p=opts.min_p,
+        seed=opts.seed,
+        stop=list(opts.stop or []),
+        repeat_penalty=opts.repeat_penalty,
+        keep_alive=opts.keep_alive,
+        reasoning=opts.reasoning,
+        json_schema=fmt.json_schema.schema_ if fmt is not None and fmt.json_schema is not None else None,
+        json_object=fmt is not None and fmt.type == "json_object",
+        tools=[Tool(t.name, t.description, t.parameters) for t in edge.tools or []],
+        tool_choice=tool_choice,
+        store=edge.store,
+        previous_response_id=edge.previous_response_id,
+        raw=body,
+    )
+
+
+_PYDANTIC_TYPE_SEGMENTS = frozenset({"str", "int", "float", "bool", "none", "dict", "list", "NamedToolChoice"})
+_TAGS = frozenset(
+    {"message", "function_call", "function_call_output", "reasoning", "input_text", "text", "output_text", "refusal"}
+)
+
+
+def _translate(exc: ValidationError, prefix: tuple[Any, ...] = ()) -> Exception:
+    """The first pydantic error as a problem naming the field (`input[0].content[1].text`)."""
+    err = exc.errors(include_url=False)[0]
+    ctx_error = (err.get("ctx") or {}).get("error")
+    loc = prefix + tuple(err.get("loc") or ())
+    param = _param(loc)
+    if isinstance(ctx_error, _Reserved):
+        where = f"{param}[{ctx_error.index}]" if param else None
+        return UnsupportedCapability(
+            f"Content type '{ctx_error.kind}' is reserved in LMSP 1.0; this service accepts text only.",
+            param=where,
+        )
+    kind = err.get("type", "")
+    msg = str(err.get("msg", "invalid value"))
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    if kind == "missing":
+        detail = f"'{param}' is required."
+    elif kind == "union_tag_invalid" or kind == "union_tag_not_found":
+        detail = f"'{param}' has an unknown or missing 'type': {msg}."
+    else:
+        detail = f"'{param}': {msg}." if param else f"{msg}."
+    return InvalidRequest(detail, param=param or None)
+
+
+def _param(loc: tuple[Any, ...]) -> str:
+    out = ""
+    prev_int = False
+    for seg in loc:
+        if isinstance(seg, int):
+            out += f"[{seg}]"
+            prev_int = True
+            continue
+        seg = str(seg)
+        if prev_int and seg in _TAGS:  # discriminated-union tag inserted by pydantic
+            prev_int = False
+            continue
+        if "[" in seg or seg.startswith("function-") or seg in _PYDANTIC_TYPE_SEGMENTS:
+            continue  # union-member labels pydantic inserts into locations
+        seg = {"schema_": "schema"}.get(seg, seg)
+        out += ("." if out else "") + seg
+        prev_int = False
+    return out

@@ -1,0 +1,335 @@
+"""Requests to engine jobs to protocol events: the service, with no HTTP in it.
+
+`Service.start_response` does everything that can fail *before* a response
+starts (find and load the model, render and tokenize the conversation,
+check the context window, queue the job), so those failures are plain
+problem documents. The returned `ResponseRun` then yields the response's
+events as the model produces them; after the first event a failure becomes
+a terminal `response.failed` event, never an exception. Sync requests read
+the same events and keep the final object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+from lmsp_tray import __version__
+from lmsp_tray.config import Config, parse_duration, ConfigError
+from lmsp_tray.discovery.entry import ModelEntry
+from lmsp_tray.engine.jobs import CANCELLED, CONTEXT, ERROR, LENGTH, Finish, GenerationJob
+from lmsp_tray.engine.manager import ModelManager
+from lmsp_tray.engine.model import LlamaModel, context_window
+from lmsp_tray.engine.sampling import (
+    DEFAULT_MIN_P,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_K,
+    DEFAULT_TOP_P,
+    SamplingParams,
+)
+from lmsp_tray.errors import (
+    ContextLengthExceeded,
+    InvalidRequest,
+    LMSPError,
+    ModelLoadFailed,
+    ModelNotFound,
+    ServiceUnavailable,
+    UnsupportedCapability,
+)
+from lmsp_tray.protocol.events import Event, ResponseAssembler
+from lmsp_tray.protocol.requests import FunctionCall, FunctionCallOutput, Message, ResponseRequest
+
+log = logging.getLogger("lmsp_tray.service")
+
+SCOPES = (
+    "models:read",
+    "models:manage",
+    "responses:create",
+    "responses:read",
+    "tasks:create",
+    "tasks:read",
+    "tokens:manage",
+)
+
+
+class Catalog:
+    """What the service needs from discovery (implemented by `discovery.catalog.Catalog`)."""
+
+    def entries(self) -> list[ModelEntry]: ...  # pragma: no cover
+    def get(self, model_id: str) -> ModelEntry | None: ...  # pragma: no cover
+
+
+@dataclass
+class Capabilities:
+    """Service-level capabilities advertised in `GET /lmsp/v1` (others are added as they land)."""
+
+    names: tuple[str, ...] = ("streaming",)
+
+
+class ResponseRun:
+    """One running response: its events, in order, then the final object."""
+
+    def __init__(self, assembler: ResponseAssembler, job: GenerationJob, queue: asyncio.Queue,
+                 on_done: Callable[["ResponseRun"], None] | None = None) -> None:
+        self.assembler = assembler
+        self.job = job
+        self._queue = queue
+        self._on_done = on_done
+        self.events_sent = 0
+        self.error: LMSPError | None = None
+
+    @property
+    def response_id(self) -> str:
+        return self.assembler.response_id
+
+    def cancel(self) -> None:
+        self.job.cancel()
+
+    async def events(self) -> AsyncIterator[Event]:
+        """The response's events from `response.created` to its one terminal event."""
+        asm = self.assembler
+        try:
+            for event in asm.start():
+                yield event
+            while True:
+                item = await self._queue.get()
+                if isinstance(item, str):
+                    for event in asm.text(item):
+                        yield event
+                    continue
+                for event in self._terminal(item):
+                    yield event
+                return
+        finally:
+            if not asm.finished:
+                self.job.cancel()  # consumer went away: stop generating within one step
+            if self._on_done is not None:
+                self._on_done(self)
+
+    def _terminal(self, finish: Finish) -> list[Event]:
+        asm = self.assembler
+        if finish.reason == ERROR:
+            self.error = finish.error or ServiceUnavailable("Generation failed.")
+            return asm.fail(self.error.to_problem())
+        if finish.reason == CANCELLED:
+            return asm.cancel()
+        if finish.reason in (LENGTH, CONTEXT):
+            return asm.incomplete("max_output_tokens", finish.prompt_tokens, finish.output_tokens)
+        return asm.complete(finish.prompt_tokens, finish.output_tokens)
+
+    async def result(self) -> dict[str, Any]:
+        """Run to the end and return the response object; a failure raises its LMSP error."""
+        async for _ in self.events():
+            pass
+        if self.error is not None:
+            raise self.error
+        return self.assembler.response()
+
+
+class Service:
+    def __init__(self, *, config: Config, catalog: Catalog, models: ModelManager,
+                 capabilities: Capabilities | None = None) -> None:
+        self.config = config
+        self.catalog = catalog
+        self.models = models
+        self.capabilities = capabilities or Capabilities()
+        self.started_at = time.time()
+        self._runs: set[ResponseRun] = set()
+
+    # -- service document -----------------------------------------------------------------------
+    def service_document(self) -> dict[str, Any]:
+        return {
+            "object": "service",
+            "lmsp_version": "1.0",
+            "versions": ["1.0"],
+            "service": {"name": "lmsp-tray", "version": __version__},
+            "capabilities": list(self.capabilities.names),
+            "auth": {"type": "bearer", "scopes": list(SCOPES)},
+            "limits": {
+                "max_request_bytes": self.config.max_request_bytes,
+                "event_retention_seconds": int(self.config.event_retention),
+            },
+        }
+
+    # -- models ---------------------------------------------------------------------------------
+    def entry(self, model_id: str, *, param: str | None = None) -> ModelEntry:
+        entry = self.catalog.get(model_id)
+        if entry is None:
+            raise ModelNotFound(
+                f"No model '{model_id}' is available. GET /lmsp/v1/models lists the models this service found.",
+                param=param,
+            )
+        return entry
+
+    def model_object(self, entry: ModelEntry) -> dict[str, Any]:
+        state, error = self.models.state(entry.id)
+        loaded = self.models.get(entry.id)
+        info = entry.info
+        problem = None
+        if entry.error:
+            state = "error"
+            problem = ModelLoadFailed(f"'{entry.id}' cannot be used: {entry.error}").to_problem()
+        elif state == "error" and error is not None:
+            problem = error.to_problem()
+        obj: dict[str, Any] = {
+            "id": entry.id,
+            "object": "model",
+            "architecture": info.architecture if info else None,
+            "parameters": info.size_label if info else None,
+            "quantization": info.quantization if info else None,
+            "context_length": loaded.context_length if loaded else context_window(entry, self.config.context_cap),
+            "size_bytes": entry.size_bytes,
+            "capabilities": self.model_capabilities(entry),
+            "state": state,
+            "source": entry.source,
+            "error": problem,
+        }
+        if loaded is not None:
+            p = loaded.placement
+            obj["extensions"] = {
+                "lmsp_tray": {
+                    "device": p.device,
+                    "placement": p.description,
+                    "gpu_layers": p.gpu_layers,
+                    "parallel": loaded.parallel,
+                    "loaded_at": int(loaded.loaded_at),
+                }
+            }
+        return obj
+
+    def model_capabilities(self, entry: ModelEntry) -> list[str]:
+        if not entry.ok:
+            return []
+        return ["text", "streaming"]
+
+    def list_models(self) -> list[dict[str, Any]]:
+        return [self.model_object(e) for e in self.catalog.entries()]
+
+    def get_model(self, model_id: str) -> dict[str, Any]:
+        return self.model_object(self.entry(model_id))
+
+    async def load_model(self, model_id: str) -> dict[str, Any]:
+        entry = self.entry(model_id)
+        await asyncio.to_thread(self.models.acquire, entry)
+        return self.model_object(entry)
+
+    async def unload_model(self, model_id: str) -> dict[str, Any]:
+        entry = self.entry(model_id)
+        await asyncio.to_thread(self.models.unload, entry.id)
+        return self.model_object(entry)
+
+    # -- responses ------------------------------------------------------------------------------
+    async def start_response(self, request: ResponseRequest) -> ResponseRun:
+        entry = self.entry(request.model, param="model")
+        self._check_capabilities(entry, request)
+        keep_alive = self._keep_alive(request)
+        for attempt in range(2):
+            model = await asyncio.to_thread(self.models.acquire, entry, keep_alive=keep_alive)
+            prompt = await asyncio.to_thread(self._prompt_tokens, model, request)
+            job, queue = self._job(model, request, prompt)
+            try:
+                model.submit(job)
+                break
+            except ServiceUnavailable:
+                if attempt:
+                    raise  # unloaded twice in a row: give up
+        assembler = ResponseAssembler(entry.id)
+        run = ResponseRun(assembler, job, queue, on_done=self._runs.discard)
+        self._runs.add(run)
+        return run
+
+    def _check_capabilities(self, entry: ModelEntry, request: ResponseRequest) -> None:
+        caps = set(self.model_capabilities(entry))
+        if request.tools and request.tool_choice != "none" and "tools" not in caps:
+            raise UnsupportedCapability(f"'{entry.id}' does not support tools.", param="tools")
+        if (request.json_schema is not None or request.json_object) and "structured_output" not in caps:
+            raise UnsupportedCapability(
+                f"'{entry.id}' does not support structured output.", param="response_format"
+            )
+        if request.reasoning and "reasoning" not in caps:
+            raise UnsupportedCapability(
+                f"'{entry.id}' does not support reasoning.", param="extensions.lmsp_tray.reasoning"
+            )
+
+    @staticmethod
+    def _keep_alive(request: ResponseRequest) -> float | None | str:
+        if request.keep_alive is None:
+            return "default"
+        try:
+            return parse_duration(request.keep_alive, name="keep_alive")
+        except ConfigError as exc:
+            raise InvalidRequest(str(exc), param="extensions.lmsp_tray.keep_alive") from None
+
+    def _messages(self, request: ResponseRequest) -> list[dict[str, Any]]:
+        """The conversation in the shape chat templates expect (HF style)."""
+        messages: list[dict[str, Any]] = []
+        for item in request.items:
+            if isinstance(item, Message):
+                messages.append({"role": item.role, "content": item.text})
+            elif isinstance(item, FunctionCall):
+                try:
+                    arguments: Any = json.loads(item.arguments)
+                except ValueError:
+                    arguments = item.arguments
+                call = {"id": item.call_id, "type": "function",
+                        "function": {"name": item.name, "arguments": arguments}}
+                if messages and messages[-1]["role"] == "assistant" and "tool_calls" in messages[-1]:
+                    messages[-1]["tool_calls"].append(call)
+                else:
+                    messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            elif isinstance(item, FunctionCallOutput):
+                messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
+        if not messages:
+            raise InvalidRequest("'input' must contain at least one item.", param="input")
+        return messages
+
+    def _prompt_tokens(self, model: LlamaModel, request: ResponseRequest) -> list[int]:
+        text = model.render(self._messages(request), add_generation_prompt=True)
+        tokens = model.tokenize(text)
+        window = model.context_length
+        if not tokens:
+            raise InvalidRequest("The input renders to an empty prompt.", param="input")
+        if len(tokens) >= window:
+            raise ContextLengthExceeded(
+                f"The input is {len(tokens)} tokens; '{model.id}' has a context window of {window} tokens "
+                f"and needs room for at least one output token. Shorten the input.",
+                param="input",
+            )
+        if request.max_output_tokens is not None and len(tokens) + request.max_output_tokens > window:
+            raise ContextLengthExceeded(
+                f"The input ({len(tokens)} tokens) plus max_output_tokens ({request.max_output_tokens}) exceeds "
+                f"the context window of {window} tokens; lower max_output_tokens to at most "
+                f"{window - len(tokens)} or shorten the input.",
+                param="max_output_tokens",
+            )
+        return tokens
+
+    def _job(self, model: LlamaModel, request: ResponseRequest, prompt: list[int]) -> tuple[GenerationJob, asyncio.Queue]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        put = queue.put_nowait
+
+        def sink(item: str | Finish) -> None:
+            loop.call_soon_threadsafe(put, item)
+
+        sampling = SamplingParams(
+            temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+            top_k=DEFAULT_TOP_K if request.top_k is None else request.top_k,
+            top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
+            min_p=DEFAULT_MIN_P if request.min_p is None else request.min_p,
+            repeat_penalty=1.0 if request.repeat_penalty is None else request.repeat_penalty,
+            seed=request.seed,
+        )
+        max_tokens = request.max_output_tokens or (model.context_length - len(prompt))
+        job = GenerationJob(prompt=prompt, sampling=sampling, max_tokens=max_tokens, sink=sink, stop=request.stop)
+        return job, queue
+
+    # -- shutdown -------------------------------------------------------------------------------
+    def cancel_all(self) -> None:
+        """End every running response (shutdown): each stream gets its terminal event."""
+        for run in list(self._runs):
+            run.cancel()

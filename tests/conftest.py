@@ -1,0 +1,68 @@
+"""Shared fixtures: generated tiny GGUF models, an isolated LMSP_TRAY_HOME, live daemons."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Iterator
+
+import httpx
+import pytest
+
+from gguf_factory import write_tiny_gguf
+from support import LiveDaemon, start_daemon
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One tiny llama GGUF (chatml template) shared by the whole run (read-only)."""
+    return write_tiny_gguf(tmp_path_factory.mktemp("models") / "tiny-test-1m-f32.gguf")
+
+
+@pytest.fixture(scope="session")
+def slow_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A bigger generated model (4k context, ~1 ms per token) for tests that need a long generation."""
+    return write_tiny_gguf(tmp_path_factory.mktemp("models") / "slow-test.gguf", basename="slow-test",
+                           size_label="4M", context_length=4096, embedding=256, blocks=4, ffn=1024, seed=1)
+
+
+@pytest.fixture
+def lmsp_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "home"
+    monkeypatch.setenv("LMSP_TRAY_HOME", str(home))
+    return home
+
+
+@pytest.fixture
+def models_dir(tmp_path: Path, tiny_gguf: Path, slow_gguf: Path) -> Path:
+    """A models folder holding (links to) the generated models, read in place like a user's."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for model in (tiny_gguf, slow_gguf):
+        (folder / model.name).symlink_to(model)
+    return folder
+
+
+@pytest.fixture
+def daemon_factory(lmsp_home: Path, models_dir: Path) -> Iterator[Callable[..., LiveDaemon]]:
+    started: list[LiveDaemon] = []
+
+    def make(**config: object) -> LiveDaemon:
+        live = start_daemon(models_dir, **config)
+        started.append(live)
+        return live
+
+    yield make
+    for live in started:
+        live.stop()
+
+
+@pytest.fixture
+def daemon(daemon_factory: Callable[..., LiveDaemon]) -> LiveDaemon:
+    return daemon_factory()
+
+
+@pytest.fixture
+def client(daemon: LiveDaemon) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=daemon.url, timeout=60) as c:
+        yield c

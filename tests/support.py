@@ -1,0 +1,102 @@
+"""Helpers for tests: start a real daemon in-process on a free loopback port, read SSE."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+
+from lmsp_tray.config import Config, resolve_paths
+from lmsp_tray.daemon import Daemon
+from lmsp_tray.discovery.entry import GGUFInfo, ModelEntry
+
+TINY_ID = "tiny-test:1m-f32"
+SLOW_ID = "slow-test:4m-f32"
+
+
+class _StaticCatalog:  # TEMPORARY until discovery lands
+    def __init__(self, folder: Path) -> None:
+        import gguf
+        self._entries = {}
+        for path in sorted(folder.glob("*.gguf")):
+            r = gguf.GGUFReader(path)
+            def val(key):
+                f = r.fields.get(key)
+                if f is None: return None
+                v = f.contents()
+                return v
+            info = GGUFInfo(architecture=val("general.architecture"), size_label=val("general.size_label"),
+                            quantization="F32", context_length=val("llama.context_length"),
+                            chat_template=val("tokenizer.chat_template"), block_count=val("llama.block_count"))
+            eid = f"{val('general.basename')}:{(val('general.size_label') or '').lower()}-f32"
+            self._entries[eid] = ModelEntry(eid, path, "custom", path.stat().st_size, (path,), info)
+    def entries(self):
+        return list(self._entries.values())
+    def get(self, i):
+        return self._entries.get(i)
+
+
+def build_catalog(paths, config):
+    return _StaticCatalog(config.models_dirs[0])
+
+
+@dataclass
+class LiveDaemon:
+    daemon: Daemon
+    url: str
+
+    @property
+    def service(self):
+        return self.daemon.service
+
+    def scheduler(self, model_id: str = TINY_ID):
+        model = self.daemon.models.get(model_id)
+        assert model is not None and model.scheduler is not None, f"{model_id} is not loaded"
+        return model.scheduler
+
+    def stop(self) -> None:
+        self.daemon.stop_background()
+
+
+def start_daemon(models_dir: Path, **overrides: Any) -> LiveDaemon:
+    paths = resolve_paths().ensure()
+    config = Config(models_dirs=[models_dir], default_dirs=False, demo_model=False).with_overrides(**overrides)
+    daemon = Daemon(paths, config, catalog=build_catalog(paths, config))
+    daemon.start_background(daemon.bind(0))
+    assert daemon.url
+    return LiveDaemon(daemon, daemon.url)
+
+
+@dataclass
+class SSE:
+    id: int | None
+    event: str
+    data: dict[str, Any]
+
+
+def iter_sse(response: httpx.Response) -> Iterator[SSE | str]:
+    """Parse an SSE byte stream; comment lines come out as plain strings."""
+    fields: dict[str, str] = {}
+    for line in response.iter_lines():
+        if line.startswith(":"):
+            yield line
+            continue
+        if not line:
+            if fields:
+                yield SSE(int(fields["id"]) if "id" in fields else None, fields.get("event", "message"),
+                          json.loads(fields.get("data", "null")))
+                fields = {}
+            continue
+        name, _, value = line.partition(":")
+        fields[name] = value[1:] if value.startswith(" ") else value
+
+
+def events(response: httpx.Response) -> list[SSE]:
+    return [e for e in iter_sse(response) if isinstance(e, SSE)]
+
+
+def body(text: str = "hello", **extra: Any) -> dict[str, Any]:
+    return {"model": TINY_ID, "input": text, "temperature": 0, **extra}  # extra may override model
