@@ -1,0 +1,209 @@
+"""The `lmsp-tray` command: run the tray or the headless service, list models, manage autostart.
+
+Every command resolves paths and configuration once and passes them down.
+User mistakes (a bad config value, a busy port) end with one clear line on
+stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import logging.handlers
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from lmsp_tray import __version__
+from lmsp_tray.config import DEFAULT_PORT, Config, ConfigError, Paths, load_config, resolve_paths
+
+log = logging.getLogger("lmsp_tray")
+
+
+# -- argument parsing ------------------------------------------------------------------------------
+def _service_options(parser: argparse.ArgumentParser, sub: bool = False) -> None:
+    # Subcommands repeat the options with SUPPRESS defaults so `lmsp-tray --port 9 serve` keeps 9.
+    default = argparse.SUPPRESS if sub else None
+    parser.add_argument("--port", type=int, default=default,
+                        help=f"TCP port on 127.0.0.1 (default {DEFAULT_PORT}, or config.toml)")
+    _model_options(parser, sub)
+    parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS if sub else False,
+                        help="log debug details")
+
+
+def _model_options(parser: argparse.ArgumentParser, sub: bool = False) -> None:
+    parser.add_argument("--models-dir", action="append", type=Path, default=argparse.SUPPRESS if sub else None,
+                        metavar="DIR", help="also scan this folder for GGUF models (repeatable)")
+    parser.add_argument("--no-default-dirs", action="store_true", default=argparse.SUPPRESS if sub else False,
+                        help="scan only the --models-dir folders, not LM Studio/Ollama/Hugging Face/llama.cpp")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lmsp-tray",
+        description="A local model service: finds your GGUF models and serves them over LMSP 1.0 on "
+        "http://127.0.0.1 from the system tray. Without a command it starts the tray "
+        "(or runs headless when there is no display).",
+    )
+    parser.add_argument("--version", action="version", version=f"lmsp-tray {__version__}")
+    _service_options(parser)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the service headless (no tray icon)")
+    _service_options(serve, sub=True)
+
+    models = commands.add_parser("models", help="list the models discovery finds (no service needed)")
+    _model_options(models, sub=True)
+    models.add_argument("--json", action="store_true", help="print JSON model objects")
+
+    autostart = commands.add_parser("autostart", help="start lmsp-tray at login (off by default)")
+    autostart.add_argument("action", choices=["enable", "disable", "status"])
+    return parser
+
+
+# -- helpers --------------------------------------------------------------------------------------
+def _fail(message: str, code: int = 1) -> int:
+    print(f"lmsp-tray: {message}", file=sys.stderr)
+    return code
+
+
+def setup_logging(paths: Paths, verbose: bool) -> None:
+    root = logging.getLogger("lmsp_tray")
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S")
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(fmt)
+    root.addHandler(console)
+    try:
+        paths.log_dir.mkdir(parents=True, exist_ok=True)
+        file = logging.handlers.RotatingFileHandler(paths.log_dir / "lmsp-tray.log", maxBytes=1_000_000,
+                                                    backupCount=3, encoding="utf-8")
+        file.setFormatter(fmt)
+        root.addHandler(file)
+    except OSError:
+        pass
+    for noisy in ("uvicorn.error", "uvicorn"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _config(paths: Paths, args: argparse.Namespace) -> Config:
+    config = load_config(paths)
+    overrides: dict[str, Any] = {}
+    if getattr(args, "port", None) is not None:
+        if not 0 <= args.port <= 65535:
+            raise ConfigError(f"--port {args.port}: expected a port number up to 65535")
+        overrides["port"] = args.port
+    if args.models_dir:
+        overrides["models_dirs"] = [*config.models_dirs, *(d.expanduser() for d in args.models_dir)]
+    if args.no_default_dirs:
+        overrides["default_dirs"] = False
+    return config.with_overrides(**overrides)
+
+
+def _catalog(paths: Paths, config: Config, *, announce: bool) -> Any:
+    from lmsp_tray.daemon import build_catalog
+    from lmsp_tray.demo import demo_available, ensure_demo_model
+
+    catalog = build_catalog(paths, config)
+    entries = catalog.scan()
+    if config.demo_model and not any(e.ok for e in entries) and demo_available():
+        if announce:
+            print("No models found; preparing the built-in demo model (Gemma 3 270M)…", file=sys.stderr)
+
+        def progress(done: int, total: int) -> None:
+            if announce:
+                print(f"\r  assembling {done * 100 // total:3d}% of {total / 1e6:.0f} MB", end="", file=sys.stderr)
+
+        started = time.monotonic()
+        path = ensure_demo_model(paths.models_dir, progress)
+        if announce:
+            print(f"\r  ready: {path} ({time.monotonic() - started:.1f} s)        ", file=sys.stderr)
+        catalog.scan()
+    return catalog
+
+
+# -- commands -------------------------------------------------------------------------------------
+def cmd_models(paths: Paths, config: Config, args: argparse.Namespace) -> int:
+    from lmsp_tray.daemon import build_catalog
+    from lmsp_tray.engine.model import context_window
+
+    entries = build_catalog(paths, config).scan()
+    if args.json:
+        rows = [
+            {
+                "id": e.id, "source": e.source, "size_bytes": e.size_bytes,
+                "architecture": e.info.architecture if e.info else None,
+                "parameters": e.info.size_label if e.info else None,
+                "quantization": e.info.quantization if e.info else None,
+                "context_length": context_window(e, config.context_cap),
+                "state": "error" if e.error else "available", "error": e.error, "path": str(e.path),
+            }
+            for e in entries
+        ]
+        print(json.dumps(rows, indent=2, ensure_ascii=False))
+        return 0
+    if not entries:
+        print("No GGUF models found. Put .gguf files in", paths.models_dir, "or pass --models-dir DIR.")
+        return 0
+    print(f"{'ID':<40} {'SIZE':>9} {'QUANT':<9} {'CONTEXT':>7}  {'SOURCE':<12} STATUS")
+    for e in entries:
+        quant = (e.info.quantization if e.info else None) or "-"
+        status = f"error: {e.error}" if e.error else "available"
+        print(f"{e.id:<40} {e.size_bytes / 1e6:>7.0f}MB {quant:<9} {context_window(e, config.context_cap):>7}  "
+              f"{e.source:<12} {status}")
+    return 0
+
+
+def cmd_serve(paths: Paths, config: Config, args: argparse.Namespace, *, tray: bool) -> int:
+    from lmsp_tray.daemon import Daemon, find_running
+
+    running = find_running(paths)
+    if running is not None:
+        print(f"lmsp-tray is already running at {running.url} (pid {running.pid}).")
+        return 0
+    catalog = _catalog(paths, config, announce=True)
+    daemon = Daemon(paths, config, catalog=catalog)
+    try:
+        sock = daemon.bind()
+    except OSError as exc:
+        daemon.close()
+        return _fail(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}. "
+                     f"Another program uses this port; choose one with --port N or `port` in {paths.config_file}.")
+    count = sum(1 for e in catalog.entries() if e.ok)
+    print(f"lmsp-tray {__version__} serving {daemon.url} with {count} model(s). Stop with Ctrl+C.", file=sys.stderr)
+    if tray:
+        from lmsp_tray.tray import display_available, run_tray
+
+        if display_available():
+            return run_tray(daemon, sock)
+        print("No display found (DISPLAY/WAYLAND_DISPLAY unset): running headless without a tray icon.",
+              file=sys.stderr)
+    daemon.serve_forever(sock)
+    return 0
+
+
+def cmd_autostart(args: argparse.Namespace) -> int:
+    from lmsp_tray.autostart import autostart_command
+
+    code, message = autostart_command(args.action)
+    print(message)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "autostart":
+        return cmd_autostart(args)
+    try:
+        paths = resolve_paths().ensure()
+        config = _config(paths, args)
+    except ConfigError as exc:
+        return _fail(str(exc), 2)
+    except OSError as exc:
+        return _fail(f"cannot create lmsp-tray's folders: {exc}")
+    if args.command == "models":
+        return cmd_models(paths, config, args)
+    setup_logging(paths, args.verbose)
+    return cmd_serve(paths, config, args, tray=args.command is None)
