@@ -135,6 +135,16 @@ def test_foreign_files_are_refused(tmp_path: Path) -> None:
     conn.close()
     with pytest.raises(NotOurDatabase):
         Database(other)
+    unmarked = tmp_path / "unmarked.sqlite3"  # someone else's file without an application id
+    conn = sqlite3.connect(unmarked)
+    conn.execute("CREATE TABLE theirs (x)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(NotOurDatabase):
+        Database(unmarked)
+    conn = sqlite3.connect(unmarked)
+    assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master")] == ["theirs"]
+    conn.close()
 
 
 # ---- writing -----------------------------------------------------------------------------
@@ -242,6 +252,32 @@ def test_close_drains_queued_writes_then_refuses_more(tmp_path: Path) -> None:
 def test_readers_are_read_only(db: Database) -> None:
     with pytest.raises(sqlite3.OperationalError):
         db.read(put, 1, "no")
+
+
+def test_nested_reads_share_a_snapshot_and_reads_after_close_fail(tmp_path: Path) -> None:
+    db = Database(tmp_path / "store.sqlite3", migrations=WITH_TEST_TABLE)
+    db.write_sync(put, 1, "a")
+    assert db.read(lambda c: db.read(rows)) == {1: "a"}
+    db.close()
+    with pytest.raises(StoreClosed):
+        db.read(rows)
+    with pytest.raises(StoreClosed):
+        asyncio.run(db.aread(rows))
+    db.close()  # closing twice is harmless
+
+
+def test_writer_survives_a_write_function_that_raises_baseexception(db: Database) -> None:
+    class Stop(BaseException):
+        pass
+
+    def bad(conn: sqlite3.Connection) -> None:
+        put(conn, 1, "half")
+        raise Stop()
+
+    with pytest.raises(Stop):
+        db.write_sync(bad)
+    assert db.write_sync(put, 2, "after") == 2
+    assert db.read(rows) == {2: "after"}
 
 
 def test_concurrent_readers_see_consistent_snapshots_while_writing(db: Database) -> None:

@@ -162,6 +162,8 @@ class Database:
                 raise NotOurDatabase(f"{self.path} is not an SQLite database ({exc})") from None
             if app_id not in (0, APPLICATION_ID):
                 raise NotOurDatabase(f"{self.path} is an SQLite database of another application")
+            if app_id == 0 and not fresh and _has_foreign_tables(conn):
+                raise NotOurDatabase(f"{self.path} is an SQLite database of another application")
             if fresh:
                 # Only possible before the first table exists: lets housekeeping give pages back.
                 conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
@@ -239,6 +241,7 @@ class Database:
                 self._run_group(group)
             except BaseException as exc:  # never let the writer thread die with futures pending
                 log.exception("store writer: unexpected failure")
+                self._rollback()
                 for w in group:
                     if not w.future.done():
                         w.future.set_exception(exc)
@@ -321,8 +324,15 @@ class Database:
     # ---- reading -------------------------------------------------------------------------
 
     def read(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-        """Run ``fn(conn, *args, **kwargs)`` on this thread's read-only connection, in one snapshot."""
+        """Run ``fn(conn, *args, **kwargs)`` on this thread's read-only connection, in one snapshot.
+
+        A read inside another read on the same thread shares its snapshot.
+        """
+        if self._closed:
+            raise StoreClosed("the database is closed")
         conn = self._reader()
+        if conn.in_transaction:
+            return fn(conn, *args, **kwargs)
         conn.execute("BEGIN")
         try:
             return fn(conn, *args, **kwargs)
@@ -332,6 +342,8 @@ class Database:
 
     async def aread(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """`read` for asyncio code, run on the store's reader threads."""
+        if self._closed:
+            raise StoreClosed("the database is closed")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._read_pool, lambda: self.read(fn, *args, **kwargs))
 
@@ -348,6 +360,8 @@ class Database:
 
     def close(self) -> None:
         """Stop taking writes, commit everything already queued, then close every connection."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("close called from inside a write function")
         with self._submit_lock:
             if self._closed:
                 return
@@ -374,3 +388,10 @@ class Database:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _has_foreign_tables(conn: sqlite3.Connection) -> bool:
+    """True for a file that has tables but never had our schema (user_version 0)."""
+    if int(conn.execute("PRAGMA user_version").fetchone()[0]) != 0:
+        return False
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table'").fetchone() is not None
