@@ -6,6 +6,13 @@ the llama.cpp runtime, the catalog, the model manager and the service from
 `serve`, or on a background thread under the tray), writes the discovery
 file once the socket is bound and removes it on exit. SIGTERM/SIGINT or
 Quit: stop accepting, end open streams with a terminal event, unload models.
+
+The store: one SQLite database in the data folder (`Paths.database`). It is
+opened and recovered (tasks a crash interrupted end `service_restarted`)
+before the socket serves anything; queued tasks start with the server; the
+housekeeper purges expired events, keys and (if configured) old responses
+in the background; on exit running tasks end with a terminal event
+(`tasks` module docstring), then the database is closed.
 """
 
 from __future__ import annotations
@@ -28,11 +35,18 @@ import uvicorn
 
 from lmsp_tray import __version__
 from lmsp_tray.config import Config, Paths
+from lmsp_tray.conversations import Conversations
 from lmsp_tray.engine.manager import ModelManager
-from lmsp_tray.engine.model import LoadOptions
+from lmsp_tray.engine.model import MAX_DEFAULT_PARALLEL, LoadOptions
 from lmsp_tray.engine.runtime import Runtime
 from lmsp_tray.http.app import create_app
-from lmsp_tray.service import Service
+from lmsp_tray.recovery import recover
+from lmsp_tray.replay import Idempotency
+from lmsp_tray.responder import Responder
+from lmsp_tray.service import Capabilities, Service
+from lmsp_tray.store import Database, Housekeeper
+from lmsp_tray.store.idempotency import IDEMPOTENCY_TTL_S
+from lmsp_tray.tasks import TaskManager
 
 log = logging.getLogger("lmsp_tray.daemon")
 
@@ -97,6 +111,30 @@ def _kv_budget(config: Config) -> int | None:
     return int(total * config.memory_budget_fraction / 4)
 
 
+@dataclass(frozen=True)
+class StoreSettings:
+    """How long the store keeps things (seconds; None: until deleted)."""
+
+    event_retention_s: float = 86400.0  # a finished task's events (then 410 event_history_expired)
+    idempotency_ttl_s: float = IDEMPOTENCY_TTL_S
+    response_ttl_s: float | None = None  # stored responses (`store: true`)
+    task_ttl_s: float | None = None  # finished tasks themselves
+    housekeeping_interval_s: float = 600.0
+
+    @classmethod
+    def from_config(cls, config: Config) -> "StoreSettings":
+        # `stored_response_ttl`, `task_ttl` and `housekeeping_interval` are read if Config has them
+        # (proposed settings); until then stored responses and tasks are kept until deleted.
+        retention = float(config.event_retention)
+        interval = getattr(config, "housekeeping_interval", None)
+        return cls(
+            event_retention_s=retention,
+            response_ttl_s=getattr(config, "stored_response_ttl", None),
+            task_ttl_s=getattr(config, "task_ttl", None),
+            housekeeping_interval_s=float(interval) if interval else max(1.0, min(600.0, retention / 4)),
+        )
+
+
 class Daemon:
     def __init__(self, paths: Paths, config: Config, *, catalog: Any) -> None:
         self.paths = paths
@@ -104,8 +142,27 @@ class Daemon:
         self.catalog = catalog
         self.runtime = Runtime()
         self.models = ModelManager(self.runtime, load_options(config, self.runtime), keep_alive=config.keep_alive)
-        self.service = Service(config=config, catalog=catalog, models=self.models)
-        self.app = create_app(self.service)
+        self.service = Service(config=config, catalog=catalog, models=self.models,
+                               capabilities=Capabilities(("streaming", "conversations")))
+        self.store_settings = settings = StoreSettings.from_config(config)
+        self.db = Database(paths.database)
+        try:
+            self._queued = recover(self.db)  # before anything is served
+        except BaseException:
+            self.db.close()
+            raise
+        self.housekeeper = Housekeeper(
+            self.db, event_retention_s=settings.event_retention_s, idempotency_ttl_s=settings.idempotency_ttl_s,
+            response_ttl_s=settings.response_ttl_s, task_ttl_s=settings.task_ttl_s,
+            interval_s=settings.housekeeping_interval_s)
+        self.conversations = Conversations(self.db)
+        self.idempotency = Idempotency(self.db, ttl_s=settings.idempotency_ttl_s)
+        self.responder = Responder(self.service, db=self.db, conversations=self.conversations,
+                                   idempotency=self.idempotency)
+        self.tasks = TaskManager(self.service, self.db, self.conversations, self.idempotency,
+                                 max_running=config.parallel or MAX_DEFAULT_PARALLEL)
+        self.app = create_app(self.service, responder=self.responder, conversations=self.conversations,
+                              tasks=self.tasks)
         self.url: str | None = None
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -150,6 +207,8 @@ class Daemon:
         server = uvicorn.Server(self._uvicorn_config(sock))
         server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self._server = server
+        self.housekeeper.start()
+        self.tasks.resume(self._queued)  # tasks left queued by the last run start with the server
         serve_task = asyncio.ensure_future(server.serve(sockets=[sock]))
         while not server.started and not serve_task.done():
             await asyncio.sleep(0.01)
@@ -157,7 +216,10 @@ class Daemon:
             self._write_discovery_file()
             log.info("lmsp-tray %s serving %s", __version__, self.url)
         self._started.set()
-        await serve_task
+        try:
+            await serve_task
+        finally:
+            await self.tasks.stop()  # running tasks write their terminal events before the loop ends
 
     def serve_forever(self, sock: socket.socket) -> None:
         """Serve in the foreground until SIGTERM/SIGINT (headless mode)."""
@@ -198,6 +260,7 @@ class Daemon:
             return
 
         def begin() -> None:
+            self.tasks.begin_shutdown()  # running tasks end failed/service_unavailable, queued stay queued
             self.service.cancel_all()
             loop.call_later(0.2, setattr, server, "should_exit", True)
 
@@ -213,6 +276,8 @@ class Daemon:
     def close(self) -> None:
         self._remove_discovery_file()
         self.models.close()
+        self.housekeeper.stop()
+        self.db.close()  # commits whatever is still queued
 
     # -- discovery file -------------------------------------------------------------------------
     def _write_discovery_file(self) -> None:

@@ -81,12 +81,17 @@ class ResponseRun:
         self._on_done = on_done
         self.events_sent = 0
         self.error: LMSPError | None = None
+        self.finish: Finish | None = None  # how generation ended (cached_tokens: prompt reused from KV cache)
+        self._cancel_error: LMSPError | None = None
 
     @property
     def response_id(self) -> str:
         return self.assembler.response_id
 
-    def cancel(self) -> None:
+    def cancel(self, error: LMSPError | None = None) -> None:
+        """Stop generating within one step; with `error` the response ends `failed` with it, not `cancelled`."""
+        if error is not None and self._cancel_error is None and not self.assembler.finished:
+            self._cancel_error = error
         self.job.cancel()
 
     async def events(self) -> AsyncIterator[Event]:
@@ -112,14 +117,19 @@ class ResponseRun:
 
     def _terminal(self, finish: Finish) -> list[Event]:
         asm = self.assembler
+        self.finish = finish
         if finish.reason == ERROR:
             self.error = finish.error or ServiceUnavailable("Generation failed.")
             return asm.fail(self.error.to_problem())
         if finish.reason == CANCELLED:
+            if self._cancel_error is not None:
+                self.error = self._cancel_error
+                return asm.fail(self.error.to_problem())
             return asm.cancel()
+        cached = finish.cached_tokens
         if finish.reason in (LENGTH, CONTEXT):
-            return asm.incomplete("max_output_tokens", finish.prompt_tokens, finish.output_tokens)
-        return asm.complete(finish.prompt_tokens, finish.output_tokens)
+            return asm.incomplete("max_output_tokens", finish.prompt_tokens, finish.output_tokens, cached_tokens=cached)
+        return asm.complete(finish.prompt_tokens, finish.output_tokens, cached_tokens=cached)
 
     async def result(self) -> dict[str, Any]:
         """Run to the end and return the response object; a failure raises its LMSP error."""
@@ -223,7 +233,8 @@ class Service:
         return self.model_object(entry)
 
     # -- responses ------------------------------------------------------------------------------
-    async def start_response(self, request: ResponseRequest) -> ResponseRun:
+    async def start_response(self, request: ResponseRequest, *, response_id: str | None = None) -> ResponseRun:
+        """Everything that can fail before the first event; `response_id` is fixed in advance for tasks."""
         entry = self.entry(request.model, param="model")
         self._check_capabilities(entry, request)
         keep_alive = self._keep_alive(request)
@@ -237,10 +248,15 @@ class Service:
             except ServiceUnavailable:
                 if attempt:
                     raise  # unloaded twice in a row: give up
-        assembler = ResponseAssembler(entry.id)
+        assembler = ResponseAssembler(entry.id, response_id=response_id)
         run = ResponseRun(assembler, job, queue, on_done=self._runs.discard)
         self._runs.add(run)
         return run
+
+    def check_request(self, request: ResponseRequest) -> None:
+        """The checks `start_response` makes before loading anything (a task runs them when created)."""
+        self._check_capabilities(self.entry(request.model, param="model"), request)
+        self._keep_alive(request)
 
     def _check_capabilities(self, entry: ModelEntry, request: ResponseRequest) -> None:
         caps = set(self.model_capabilities(entry))

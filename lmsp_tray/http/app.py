@@ -9,6 +9,7 @@ from starlette.applications import Starlette
 from lmsp_tray.errors import UnsupportedVersion
 from lmsp_tray.http.problems import EXCEPTION_HANDLERS, send_problem
 from lmsp_tray.http.routes import ROUTES
+from lmsp_tray.responder import Responder
 from lmsp_tray.service import Service
 
 
@@ -42,7 +43,18 @@ class VersionMiddleware:
         await self.app(scope, receive, send_with_version)
 
 
-def create_app(service: Service) -> Any:
-    app = Starlette(routes=list(ROUTES), exception_handlers=dict(EXCEPTION_HANDLERS))
+def create_app(service: Service, *, responder: Responder | None = None, conversations: Any = None,
+               tasks: Any = None) -> Any:
+    """The ASGI app. With `conversations` and `tasks` (the daemon builds them over the store) the
+    stored-response and task endpoints exist; without, only the core API (`store` is ignored)."""
+    routes = list(ROUTES)
+    if conversations is not None and tasks is not None:
+        from lmsp_tray.http.stored_routes import ROUTES as STORED_ROUTES
+
+        routes += STORED_ROUTES
+    app = Starlette(routes=routes, exception_handlers=dict(EXCEPTION_HANDLERS))
     app.state.service = service
+    app.state.responder = responder or Responder(service)
+    app.state.conversations = conversations
+    app.state.tasks = tasks
     return VersionMiddleware(app)

@@ -14,6 +14,8 @@ from starlette.routing import Route
 from lmsp_tray.errors import InvalidJSON, InvalidRequest, PayloadTooLarge
 from lmsp_tray.http.sse import EventStream, wait_disconnect
 from lmsp_tray.protocol.requests import parse_response_create
+from lmsp_tray.replay import ANONYMOUS, Caller, iterate
+from lmsp_tray.responder import Replayed, Responder
 from lmsp_tray.service import Service
 
 MAX_JSON_DEPTH = 64
@@ -26,6 +28,27 @@ class JSON(JSONResponse):
 
 def _service(request: Request) -> Service:
     return request.app.state.service
+
+
+TOKEN_SCOPE_KEY = "lmsp.token"
+
+
+def caller_of(request: Request) -> Caller:
+    """Who is asking. THE HOOK for tokens: the auth middleware puts the authenticated token (its id
+    string, or an object with `.id`) in ``scope["lmsp.token"]``; idempotency keys are then scoped to it
+    and stored responses and tasks are owned by it. Without a token: ``"anonymous"``, no owner."""
+    token = request.scope.get(TOKEN_SCOPE_KEY)
+    if token is None:
+        return ANONYMOUS
+    token_id = token if isinstance(token, str) else str(getattr(token, "id"))
+    return Caller(scope=token_id, owner=token_id)
+
+
+def idempotency_key(request: Request) -> str | None:
+    return request.headers.get("idempotency-key")
+
+
+REPLAYED = {"Idempotent-Replayed": "true"}
 
 
 async def read_json(request: Request) -> Any:
@@ -103,10 +126,14 @@ async def unload_model(request: Request) -> Response:
 
 
 async def create_response(request: Request) -> Response | EventStream:
-    service = _service(request)
+    responder: Responder = request.app.state.responder
     body = await read_json(request)
     parsed = parse_response_create(body)
-    run = await service.start_response(parsed)
+    run = await responder.start(parsed, caller=caller_of(request), key=idempotency_key(request))
+    if isinstance(run, Replayed):
+        if run.events is not None:
+            return EventStream(iterate(run.events), headers={"LMSP-Version": "1.0", **REPLAYED})
+        return JSON(run.body, status_code=run.status, headers=REPLAYED)
     if parsed.stream:
         return EventStream(run.events(), on_disconnect=run.cancel, headers={"LMSP-Version": "1.0"})
     result = asyncio.ensure_future(run.result())

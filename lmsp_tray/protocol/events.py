@@ -34,8 +34,13 @@ class Event:
         return self.name in TERMINAL_EVENTS
 
 
-def usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
-    return {"input_tokens": input_tokens, "output_tokens": output_tokens, "total_tokens": input_tokens + output_tokens}
+def usage(input_tokens: int, output_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """Token counts; `input_tokens_details.cached_tokens` says how much of the prompt came from the KV cache."""
+    out: dict[str, Any] = {"input_tokens": input_tokens, "output_tokens": output_tokens,
+                           "total_tokens": input_tokens + output_tokens}
+    if cached_tokens is not None:
+        out["input_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
 
 
 @dataclass
@@ -60,7 +65,7 @@ class ResponseAssembler:
         self.created_at = int(time.time()) if created_at is None else created_at
         self.status = "in_progress"
         self.output: list[dict[str, Any]] = []
-        self.usage: dict[str, int] | None = None
+        self.usage: dict[str, Any] | None = None
         self.error: dict[str, Any] | None = None
         self.incomplete_details: dict[str, Any] | None = None
         self._next_id = first_event_id
@@ -214,18 +219,19 @@ class ResponseAssembler:
         return [self._event("response.output_item.added", output_index=index, item=copy.deepcopy(item))]
 
     # -- terminal events --------------------------------------------------------------------------
-    def complete(self, input_tokens: int, output_tokens: int) -> list[Event]:
+    def complete(self, input_tokens: int, output_tokens: int, *, cached_tokens: int | None = None) -> list[Event]:
         events = self.close_item()
         self.status = "completed"
-        self.usage = usage(input_tokens, output_tokens)
+        self.usage = usage(input_tokens, output_tokens, cached_tokens)
         events.append(self._event("response.completed", status=self.status, usage=dict(self.usage),
                                   response=self.response()))
         return events
 
-    def incomplete(self, reason: str, input_tokens: int, output_tokens: int) -> list[Event]:
+    def incomplete(self, reason: str, input_tokens: int, output_tokens: int, *,
+                   cached_tokens: int | None = None) -> list[Event]:
         events = self.close_item()
         self.status = "incomplete"
-        self.usage = usage(input_tokens, output_tokens)
+        self.usage = usage(input_tokens, output_tokens, cached_tokens)
         self.incomplete_details = {"reason": reason}
         events.append(self._event("response.incomplete", status=self.status,
                                   incomplete_details=dict(self.incomplete_details), usage=dict(self.usage),

@@ -1,0 +1,122 @@
+"""Conversations: `store: true` saves a turn, `previous_response_id` continues from one.
+
+Why a module of its own: both ways of producing a response (`POST /responses`
+and a task) must expand a `previous_response_id` into the same context and
+save a finished turn the same way, and neither the service (no database in
+it) nor the HTTP layer is the place for it.
+
+The context of a continued conversation is the stored chain, oldest first —
+each turn's own input items, then its output items — followed by the new
+request's input; the new request's `instructions` (if any) come first, as
+they would without a chain (instructions are not carried over from earlier
+turns). Because every turn renders the earlier turns exactly as before, the
+prompt of turn *n+1* starts with the prompt and output of turn *n*, and the
+engine's slot with that prefix in its KV cache evaluates only what is new.
+
+A stored turn keeps the input exactly as the client sent it (a string input
+becomes one user message item) and the whole response object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from lmsp_tray.errors import ContextLengthExceeded, LMSPError, ResponseNotFound
+from lmsp_tray.protocol.requests import ResponseRequest, parse_response_create
+from lmsp_tray.store import Database
+from lmsp_tray.store import responses as stored_responses
+from lmsp_tray.store.responses import StoredResponse
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A request with its conversation expanded, plus what to store for this turn."""
+
+    request: ResponseRequest  # items = instructions + chain + new input
+    input_items: list[dict[str, Any]]  # this turn's own input, as sent (normalised to items)
+    owner: str | None = None
+    chain_turns: int = 0  # stored turns before this one
+
+    @property
+    def store(self) -> bool:
+        return self.request.store
+
+    def stored(self, response: dict[str, Any]) -> StoredResponse:
+        """The row to save once `response` (the final response object) is known."""
+        return StoredResponse(
+            id=response["id"],
+            model=response["model"],
+            created_at=float(response["created_at"]),
+            status=response["status"],
+            input_items=self.input_items,
+            response=response,
+            previous_response_id=self.request.previous_response_id,
+            owner=self.owner,
+        )
+
+    def explain(self, error: LMSPError) -> LMSPError:
+        """A context overflow caused by the stored chain names `previous_response_id` and says what to do."""
+        if isinstance(error, ContextLengthExceeded) and self.chain_turns and error.param == "input":
+            prev = self.request.previous_response_id
+            return ContextLengthExceeded(
+                f"{error.detail.rstrip('.')}; the input includes the {self.chain_turns} stored turn(s) of the "
+                f"conversation ending with {prev}. Continue from an earlier response or start a new conversation.",
+                param="previous_response_id",
+            )
+        return error
+
+
+def input_items(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """The request's `input` as a list of item objects (a string becomes one user message)."""
+    value = raw.get("input")
+    if isinstance(value, str):
+        return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": value}]}]
+    items: list[dict[str, Any]] = []
+    for item in value or []:
+        if isinstance(item, dict) and "type" not in item and "role" in item:
+            item = {**item, "type": "message"}
+        items.append(item)
+    return items
+
+
+class Conversations:
+    """Expands `previous_response_id` and saves, reads and deletes stored responses."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def prepare(self, request: ResponseRequest, *, owner: str | None = None) -> PreparedRequest:
+        """Expand the stored chain into the request's items (404 `response_not_found` if a link is missing)."""
+        own = input_items(request.raw)
+        previous = request.previous_response_id
+        if previous is None:
+            return PreparedRequest(request, own, owner)
+        try:
+            turns = await self.db.aread(stored_responses.chain, previous, owner=owner)
+        except ResponseNotFound as exc:
+            if exc.detail.startswith("no stored response"):
+                raise ResponseNotFound(
+                    f"No stored response '{previous}' to continue from: previous_response_id must name a response "
+                    f"created with \"store\": true that has not been deleted.", param="previous_response_id",
+                ) from None
+            raise
+        context = stored_responses.context_items(turns)
+        history = parse_response_create({"model": request.model, "input": context}).items if context else []
+        lead = 1 if request.raw.get("instructions") else 0  # the instructions message parse put first
+        items = request.items[:lead] + list(history) + request.items[lead:]
+        return PreparedRequest(dataclasses.replace(request, items=items), own, owner, len(turns))
+
+    async def get(self, response_id: str, *, owner: str | None = None) -> dict[str, Any]:
+        found = await self.db.aread(stored_responses.get, response_id, owner=owner)
+        if found is None:
+            raise ResponseNotFound(
+                f"No stored response '{response_id}'. Only responses created with \"store\": true are kept."
+            )
+        return found.response
+
+    async def delete(self, response_id: str, *, owner: str | None = None) -> dict[str, Any]:
+        if not await self.db.awrite(stored_responses.delete, response_id, owner=owner):
+            raise ResponseNotFound(f"No stored response '{response_id}'.")
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
