@@ -127,7 +127,7 @@ def _catalog(paths: Paths, config: Config, *, announce: bool) -> Any:
 # -- commands -------------------------------------------------------------------------------------
 def cmd_models(paths: Paths, config: Config, args: argparse.Namespace) -> int:
     from lmsp_tray.daemon import build_catalog
-    from lmsp_tray.engine.model import context_window
+    from lmsp_tray.engine.plan import context_window
 
     entries = build_catalog(paths, config).scan()
     if args.json:

@@ -28,8 +28,8 @@ import uvicorn
 
 from lmsp_tray import __version__
 from lmsp_tray.config import Config, Paths
-from lmsp_tray.engine.manager import ModelManager
-from lmsp_tray.engine.model import LoadOptions
+from lmsp_tray.engine.manager import MemoryBudget, ModelManager
+from lmsp_tray.engine.plan import LoadOptions
 from lmsp_tray.engine.runtime import Runtime
 from lmsp_tray.http.app import create_app
 from lmsp_tray.service import Service
@@ -88,13 +88,28 @@ def load_options(config: Config, runtime: Runtime) -> LoadOptions:
     )
 
 
-def _kv_budget(config: Config) -> int | None:
-    """A quarter of the memory budget may go to the KV caches of parallel sequences."""
+def _total_ram() -> int | None:
     try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
-    return int(total * config.memory_budget_fraction / 4)
+
+
+def _kv_budget(config: Config) -> int | None:
+    """A quarter of the memory budget may go to the KV caches of parallel sequences."""
+    total = _total_ram()
+    return None if total is None else int(total * config.memory_budget_fraction / 4)
+
+
+def memory_budget(config: Config, runtime: Runtime) -> MemoryBudget:
+    """At most `max_loaded_models`, within a share of RAM (and of VRAM when a GPU is used)."""
+    total = _total_ram()
+    vram = sum(d.total_bytes for d in runtime.devices)
+    return MemoryBudget(
+        max_models=config.max_loaded_models,
+        ram_bytes=None if total is None else int(total * config.memory_budget_fraction),
+        vram_bytes=int(vram * config.memory_budget_fraction) if vram and config.gpu != "off" else None,
+    )
 
 
 class Daemon:
@@ -103,7 +118,8 @@ class Daemon:
         self.config = config
         self.catalog = catalog
         self.runtime = Runtime()
-        self.models = ModelManager(self.runtime, load_options(config, self.runtime), keep_alive=config.keep_alive)
+        self.models = ModelManager(self.runtime, load_options(config, self.runtime),
+                                   budget=memory_budget(config, self.runtime), keep_alive=config.keep_alive)
         self.service = Service(config=config, catalog=catalog, models=self.models)
         self.app = create_app(self.service)
         self.url: str | None = None

@@ -23,7 +23,8 @@ from lmsp_tray.config import Config, parse_duration, ConfigError
 from lmsp_tray.discovery.entry import ModelEntry
 from lmsp_tray.engine.jobs import CANCELLED, CONTEXT, ERROR, LENGTH, Finish, GenerationJob
 from lmsp_tray.engine.manager import ModelManager
-from lmsp_tray.engine.model import LlamaModel, context_window
+from lmsp_tray.engine.model import LlamaModel
+from lmsp_tray.engine.plan import context_window
 from lmsp_tray.engine.sampling import (
     DEFAULT_MIN_P,
     DEFAULT_TEMPERATURE,
