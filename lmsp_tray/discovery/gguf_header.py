@@ -6,8 +6,11 @@ reader maps the whole file and decodes every array), keeps the scalars and
 strings, walks the big string arrays (`tokenizer.ggml.tokens`, `merges`)
 without building them, and stops before the tensor data. The only token
 strings it decodes are the BOS/EOS texts, found again through offsets it
-noted on the way. A file that is not GGUF, too old, truncated or absurd
-raises `GGUFError` with a message meant for a person.
+noted on the way. Then it reads the tensor table (names, shapes, types,
+offsets: a few bytes per tensor) to learn where the weights must end, so a
+download cut short in the weights is caught without reading them. A file
+that is not GGUF, too old, truncated or absurd raises `GGUFError` with a
+message meant for a person.
 
 The reader reads with plain `read()` calls, not `mmap`: a file that shrinks
 while it is mapped (a download restarted in place) would kill the whole
@@ -22,7 +25,7 @@ import struct
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from gguf.constants import GGUF_MAGIC, GGUFValueType, LlamaFileType
+from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUFValueType, LlamaFileType
 
 from lmsp_tray.discovery.entry import GGUFInfo
 
@@ -35,6 +38,7 @@ MAX_TENSOR_COUNT = 1 << 24
 MAX_KEY_BYTES = 1 << 16
 MAX_STRING_BYTES = 1 << 28
 MAX_ARRAY_DEPTH = 4
+MAX_DIMS = 8
 SMALL_ARRAY = 4096  # numeric arrays up to this length are decoded (per-layer head counts)
 TOKEN_CHECKPOINT = 64  # note the offset of every 64th token to find BOS/EOS texts later
 
@@ -62,6 +66,10 @@ TOKENS_KEY = "tokenizer.ggml.tokens"
 
 class GGUFError(Exception):
     """A file's GGUF header cannot be read; the message says why, for a person."""
+
+
+class GGUFReadError(GGUFError):
+    """The file could not be opened or read (permissions, I/O): may pass, so not cached."""
 
 
 class _Array:
@@ -219,13 +227,13 @@ def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
     try:
         f = open(path, "rb")
     except OSError as exc:
-        raise GGUFError(f"cannot open the file: {exc.strerror or exc}") from None
+        raise GGUFReadError(f"cannot open the file: {exc.strerror or exc}") from None
     with f:
         try:
             size = os.fstat(f.fileno()).st_size
             return _parse(_Reader(f, size))
         except OSError as exc:
-            raise GGUFError(f"cannot read the file: {exc.strerror or exc}") from None
+            raise GGUFReadError(f"cannot read the file: {exc.strerror or exc}") from None
 
 
 def _parse(r: _Reader) -> GGUFInfo:
@@ -262,12 +270,50 @@ def _parse(r: _Reader) -> GGUFInfo:
             key = r.string(MAX_KEY_BYTES)
             vtype = r.u32()
             kv[key] = _value(r, vtype, key, checkpoints if key == TOKENS_KEY else None, 0)
-        bos = _token_text(r, kv, checkpoints, "tokenizer.ggml.bos_token_id")
-        eos = _token_text(r, kv, checkpoints, "tokenizer.ggml.eos_token_id")
     except GGUFError as exc:
         where = f"metadata {key!r}" if key else f"metadata entry {i + 1} of {n_kv}"
         raise GGUFError(f"{exc} (while reading {where})") from None
+    try:
+        weights_end, data_start = _tensor_table(r, n_tensors, kv)
+    except GGUFError as exc:
+        raise GGUFError(f"{exc} (while reading the tensor table)") from None
+    if weights_end is not None and weights_end > r.size:
+        missing = weights_end - r.size
+        share = 100 * missing / max(weights_end - data_start, 1)
+        raise GGUFError(
+            f"truncated file: it has {r.size:,} bytes but its weights end at byte {weights_end:,}; "
+            f"{missing:,} byte{'s' if missing != 1 else ''} ({share:.1f}% of the weights) missing; "
+            f"probably an incomplete download or copy"
+        )
+    bos = _token_text(r, kv, checkpoints, "tokenizer.ggml.bos_token_id")
+    eos = _token_text(r, kv, checkpoints, "tokenizer.ggml.eos_token_id")
     return _info(kv, n_tensors, bos, eos)
+
+
+def _tensor_table(r: _Reader, n_tensors: int, kv: dict[str, Any]) -> tuple[int | None, int]:
+    """Read the tensor table: (the byte where the weights end or None if unknown, where they start)."""
+    end = 0
+    sizes_known = True
+    for _ in range(n_tensors):
+        r.string(MAX_KEY_BYTES)
+        n_dims = r.u32()
+        if n_dims > MAX_DIMS:
+            raise GGUFError(f"corrupt GGUF header: a tensor claims {n_dims} dimensions")
+        count = 1
+        for _ in range(n_dims):
+            count *= r.u64()
+        ggml_type = r.u32()
+        offset = r.u64()
+        block = GGML_QUANT_SIZES.get(ggml_type)  # type: ignore[call-overload]
+        if block is None:  # a type newer than this gguf package: cannot size it
+            sizes_known = False
+            continue
+        end = max(end, offset + count // block[0] * block[1])
+    alignment = _int(kv.get("general.alignment")) or GGUF_DEFAULT_ALIGNMENT
+    if alignment <= 0 or alignment & (alignment - 1):
+        raise GGUFError(f"corrupt GGUF header: general.alignment is {alignment}, not a power of two")
+    data_start = -(-r.pos // alignment) * alignment
+    return (data_start + end if sizes_known else None), data_start
 
 
 def _value(r: _Reader, vtype: int, key: str, checkpoints: list[int] | None, depth: int) -> Any:
