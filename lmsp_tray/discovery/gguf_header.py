@@ -291,29 +291,74 @@ def _parse(r: _Reader) -> GGUFInfo:
 
 
 def _tensor_table(r: _Reader, n_tensors: int, kv: dict[str, Any]) -> tuple[int | None, int]:
-    """Read the tensor table: (the byte where the weights end or None if unknown, where they start)."""
+    """Read the tensor table: (the byte where the weights end or None if unknown, where they start).
+
+    Entries are parsed straight from the buffer while they fit in it (the
+    table of a real model has hundreds of entries); an entry that crosses the
+    buffer's end is read with the checked reader, which refills it or reports
+    the truncation.
+    """
     end = 0
     sizes_known = True
-    for _ in range(n_tensors):
-        r.string(MAX_KEY_BYTES)
-        n_dims = r.u32()
-        if n_dims > MAX_DIMS:
-            raise GGUFError(f"corrupt GGUF header: a tensor claims {n_dims} dimensions")
-        count = 1
-        for _ in range(n_dims):
-            count *= r.u64()
-        ggml_type = r.u32()
-        offset = r.u64()
-        block = GGML_QUANT_SIZES.get(ggml_type)  # type: ignore[call-overload]
-        if block is None:  # a type newer than this gguf package: cannot size it
-            sizes_known = False
-            continue
-        end = max(end, offset + count // block[0] * block[1])
+    u32, u64 = _U32.unpack_from, _U64.unpack_from
+    sizes = GGML_QUANT_SIZES
+    i = 0
+    while i < n_tensors:
+        off = r._at(min(r.size - r.pos, max(_FIRST_CHUNK, (n_tensors - i) * 160)))
+        data = r._data
+        limit = len(data)
+        while i < n_tensors:
+            try:
+                name_len = u64(data, off)[0]
+                p = off + 8 + name_len
+                n_dims = u32(data, p)[0]
+                if n_dims > MAX_DIMS:
+                    break  # the checked reader names the problem
+                count = 1
+                for d in range(n_dims):
+                    count *= u64(data, p + 4 + 8 * d)[0]
+                p += 4 + 8 * n_dims
+                ggml_type = u32(data, p)[0]
+                offset = u64(data, p + 4)[0]
+            except (struct.error, OverflowError):
+                break
+            p += 12
+            if p > limit or name_len > MAX_KEY_BYTES:
+                break
+            block = sizes.get(ggml_type)  # type: ignore[call-overload]
+            if block is None:  # a type newer than this gguf package: cannot size it
+                sizes_known = False
+            else:
+                end = max(end, offset + count // block[0] * block[1])
+            off = p
+            i += 1
+        r.pos = r._base + off
+        if i < n_tensors:  # one entry the fast path could not take
+            count, ggml_type, offset = _tensor_entry(r)
+            block = sizes.get(ggml_type)  # type: ignore[call-overload]
+            if block is None:
+                sizes_known = False
+            else:
+                end = max(end, offset + count // block[0] * block[1])
+            i += 1
     alignment = _int(kv.get("general.alignment")) or GGUF_DEFAULT_ALIGNMENT
     if alignment <= 0 or alignment & (alignment - 1):
         raise GGUFError(f"corrupt GGUF header: general.alignment is {alignment}, not a power of two")
     data_start = -(-r.pos // alignment) * alignment
     return (data_start + end if sizes_known else None), data_start
+
+
+def _tensor_entry(r: _Reader) -> tuple[int, int, int]:
+    """One tensor table entry with every read checked: (element count, ggml type, data offset)."""
+    r.string(MAX_KEY_BYTES)
+    n_dims = r.u32()
+    if n_dims > MAX_DIMS:
+        raise GGUFError(f"corrupt GGUF header: a tensor claims {n_dims} dimensions")
+    count = 1
+    for _ in range(n_dims):
+        count *= r.u64()
+    ggml_type = r.u32()
+    return count, ggml_type, r.u64()
 
 
 def _value(r: _Reader, vtype: int, key: str, checkpoints: list[int] | None, depth: int) -> Any:

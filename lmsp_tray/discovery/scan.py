@@ -254,7 +254,8 @@ class HeaderCache:
         self._loaded = False
         self._dirty = False
         self._lock = threading.Lock()
-        self._schema = f"{self.VERSION}:" + ",".join(f.name for f in dataclasses.fields(GGUFInfo))
+        self._fields = tuple(f.name for f in dataclasses.fields(GGUFInfo))
+        self._schema = f"{self.VERSION}:" + ",".join(self._fields)
 
     def _load(self) -> None:
         self._loaded = True
@@ -284,7 +285,7 @@ class HeaderCache:
         return Header(info, error, cached=True)
 
     def put(self, path: str, size: int, mtime_ns: int, header: Header) -> None:
-        info = dataclasses.asdict(header.info) if header.info is not None else None
+        info = {name: getattr(header.info, name) for name in self._fields} if header.info is not None else None
         with self._lock:
             self._items[path] = [size, mtime_ns, info, header.error]
             self._dirty = True
