@@ -178,7 +178,8 @@ def test_ollama_names_aliases_and_blobs(world: World, scanned: tuple[Catalog, di
     assert llama.info and llama.info.basename == "llama-3.2"
     assert catalog.resolve("llama3.2:latest") is llama and catalog.resolve("LLAMA3.2") is llama
     ghost = by_id["ghost:1b"]
-    assert ghost.error and "missing its weights file sha256-abab" in ghost.error and "ollama pull ghost:1b" in ghost.error
+    assert ghost.error and "missing its weights file sha256-abab" in ghost.error
+    assert "ollama pull ghost:1b" in ghost.error
     assert ghost.size_bytes == 12345 and not ghost.ok
     assert not any("embedonly" in i for i in by_id)
 
@@ -326,3 +327,26 @@ def test_concurrent_scans_and_reads(world: World) -> None:
     for t in threads:
         t.join()
     assert not problems and len(seen) == 12 and all(s == expected for s in seen)
+
+
+def test_an_unexpected_reader_failure_costs_one_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import lmsp_tray.discovery.scan as scan
+
+    folder = tmp_path / "models"
+    write_tiny_gguf(folder / "fine.gguf", basename="fine", size_label="1M")
+    doomed = write_tiny_gguf(folder / "doomed.gguf", basename="doomed", size_label="1M")
+    real = scan.read_gguf_info
+
+    def flaky(path: os.PathLike[str]) -> object:
+        if Path(path) == doomed:
+            raise RuntimeError("a bug")
+        return real(path)
+
+    monkeypatch.setattr(scan, "read_gguf_info", flaky)
+    paths = Paths(tmp_path / "c", tmp_path / "d", tmp_path / "cache", tmp_path / "r")
+    catalog = Catalog.from_config(paths, Config(models_dirs=[folder], default_dirs=False))
+    by_id = {e.id: e for e in catalog.scan()}
+    assert by_id["fine:1m-f32"].ok
+    assert by_id["doomed"].error == "could not read the GGUF header (RuntimeError)"
+    monkeypatch.setattr(scan, "read_gguf_info", real)  # not cached: the next scan reads it again
+    assert Catalog.from_config(paths, Config(models_dirs=[folder], default_dirs=False)).get("doomed:1m-f32")

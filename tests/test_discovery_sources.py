@@ -71,7 +71,7 @@ def test_lm_studio_settings_and_home_pointer(paths: Paths, tmp_path: Path) -> No
     (home).mkdir()
     (home / ".lmstudio-home-pointer").write_text(str(moved) + "\n")
     (moved / "settings.json").write_text(json.dumps({"downloadsFolder": str(tmp_path / "big-disk" / "models")}))
-    lms = [root for name, root in _pairs(default_sources(paths, Config(), environ={}, home=home)) if name == "lm-studio"]
+    lms = [s.root for s in default_sources(paths, Config(), environ={}, home=home) if s.name == "lm-studio"]
     assert lms == [tmp_path / "big-disk" / "models", moved / "models", home / ".lmstudio" / "models",
                    home / ".cache" / "lm-studio" / "models"]
 
@@ -80,7 +80,7 @@ def test_broken_lm_studio_settings_are_ignored(paths: Paths, tmp_path: Path) -> 
     home = tmp_path / "home"
     (home / ".lmstudio").mkdir(parents=True)
     (home / ".lmstudio" / "settings.json").write_text("{not json")
-    lms = [root for name, root in _pairs(default_sources(paths, Config(), environ={}, home=home)) if name == "lm-studio"]
+    lms = [s.root for s in default_sources(paths, Config(), environ={}, home=home) if s.name == "lm-studio"]
     assert lms == [home / ".lmstudio" / "models", home / ".cache" / "lm-studio" / "models"]
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import struct
-from pathlib import Path
 from typing import Any, BinaryIO
 
 from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUFValueType, LlamaFileType
@@ -477,12 +476,3 @@ def _info(kv: dict[str, Any], n_tensors: int, bos: str | None, eos: str | None) 
         vocab_size=tokens.count if isinstance(tokens, _Array) else None,
         split_index=_int(kv.get("split.no")),
     )
-
-
-def looks_like_gguf(path: str | Path) -> bool:
-    """Whether the file starts with the GGUF magic (a cheap check for extension-less blobs)."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == MAGIC
-    except OSError:
-        return False

@@ -80,6 +80,8 @@ def find_models(sources: Sequence[Source]) -> list[Found]:
                 out.extend(folder_models(source, order))
         except OSError as exc:  # an unreadable root: nothing from it, the scan goes on
             log.debug("skipping %s: %s", source.root, exc)
+        except Exception:  # a bug must cost one folder, not the whole catalog
+            log.warning("could not scan %s", source.root, exc_info=True)
     out.sort(key=lambda f: f.sort_key)
     return out
 
@@ -314,6 +316,9 @@ def read_header(path: Path) -> Header:
         return Header(read_gguf_info(path), None)
     except GGUFError as exc:
         return Header(None, str(exc), transient=isinstance(exc, GGUFReadError))
+    except Exception as exc:  # a reader bug must cost one model, not the whole scan
+        log.warning("unexpected failure reading the header of %s", path, exc_info=True)
+        return Header(None, f"could not read the GGUF header ({type(exc).__name__})", transient=True)
 
 
 def read_headers(found: Sequence[Found], cache: HeaderCache, workers: int = 1) -> tuple[list[Header | None], int]:
