@@ -72,6 +72,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     ollama_manifest(store, "registry.ollama.ai/library/ghost/1b", "sha256:" + "ab" * 32, size=12345)
     ollama_manifest(store, "registry.ollama.ai/library/embedonly/v1", "sha256:00")  # rewritten below
     (store / "manifests/registry.ollama.ai/library/embedonly/v1").write_text('{"layers": []}')
+    ollama_manifest(store, "registry.ollama.ai/library/garbled/v1", "sha256:00")
+    (store / "manifests/registry.ollama.ai/library/garbled/v1").write_text("{not json")
     f["ollama_blob"] = store / "blobs" / llama.replace(":", "-")
     # Hugging Face cache: snapshot links to blobs; a second revision links the same blob; a split model
     hub = home / ".cache" / "huggingface" / "hub"
@@ -141,6 +143,7 @@ def test_ids_and_sources(world: World, scanned: tuple[Catalog, dict[str, ModelEn
         "someone/tiny:q8": "ollama",
         "hf.co/org/Repo-GGUF:Q4_K_M": "ollama",
         "ghost:1b": "ollama",
+        "garbled:v1": "ollama",
         "hf-tiny:1m-q8_0": "huggingface",
         "hf-split:3m-f16": "huggingface",
         "cpp-tiny:1m-f16": "llama.cpp",
@@ -182,6 +185,9 @@ def test_ollama_names_aliases_and_blobs(world: World, scanned: tuple[Catalog, di
     assert "ollama pull ghost:1b" in ghost.error
     assert ghost.size_bytes == 12345 and not ghost.ok
     assert not any("embedonly" in i for i in by_id)
+    garbled = by_id["garbled:v1"]
+    assert garbled.error and garbled.error.startswith("unreadable Ollama manifest for 'garbled:v1'")
+    assert str(world.home) not in garbled.error
 
 
 def test_split_models_are_one_entry(world: World, scanned: tuple[Catalog, dict[str, ModelEntry]]) -> None:
@@ -199,14 +205,16 @@ def test_split_models_are_one_entry(world: World, scanned: tuple[Catalog, dict[s
     assert lonely.error and "one of 3 parts of a split model" in lonely.error
 
 
-def test_bad_files_are_error_entries_and_the_scan_goes_on(scanned: tuple[Catalog, dict[str, ModelEntry]]) -> None:
+def test_bad_files_are_error_entries_and_the_scan_goes_on(world: World,
+                                                          scanned: tuple[Catalog, dict[str, ModelEntry]]) -> None:
     catalog, by_id = scanned
     errors = {i: e.error for i, e in by_id.items() if e.error}
+    assert not any(str(world.custom) in m or str(world.home) in m for m in errors.values())  # clients see these
     assert "not a GGUF file" in errors["bad-magic"]
     assert "HTML" in errors["renamed-page"]
     assert "truncated" in errors["truncated"] and "metadata" in errors["truncated"]
     assert "truncated" in errors["short-weights"] and "4,096 bytes" in errors["short-weights"]
-    assert set(errors) == {"bad-magic", "renamed-page", "truncated", "short-weights", "ghost:1b",
+    assert set(errors) == {"bad-magic", "renamed-page", "truncated", "short-weights", "ghost:1b", "garbled:v1",
                            "broken-split:1m-f32", "lonely:1m-f32"}
     assert all(e.info is None for i, e in by_id.items() if i in {"bad-magic", "renamed-page", "truncated"})
     report = catalog.last_report

@@ -116,12 +116,12 @@ def walk_gguf(root: Path, *, huggingface: bool = False) -> Iterator[tuple[str, o
                         continue
                     if huggingface and depth == 1 and name != "snapshots":
                         continue
-                    st = item.stat()
+                    st = os.stat(item.path)  # not item.stat(): on Windows its st_ino is always 0
                     if (st.st_dev, st.st_ino) not in seen:
                         seen.add((st.st_dev, st.st_ino))
                         stack.append((item.path, depth + 1))
                 elif name[-5:].lower() == ".gguf":
-                    st = item.stat()  # follows links; a dangling one raises and is skipped
+                    st = os.stat(item.path)  # follows links; a dangling one raises and is skipped
                     if stat.S_ISREG(st.st_mode):
                         yield item.path, st
             except OSError:
@@ -143,8 +143,8 @@ def folder_models(source: Source, order: int) -> list[Found]:
                 splits.setdefault(key, {})[no] = (path, st)
                 continue
         out.append(_found(source, order, path, st, (Path(path),), st.st_size, model_stem(name)))
-    for (folder, prefix, count), parts in splits.items():
-        out.append(_split_found(source, order, folder, prefix, count, parts))
+    for (_, prefix, count), parts in splits.items():
+        out.append(_split_found(source, order, prefix, count, parts))
     return out
 
 
@@ -154,7 +154,7 @@ def _found(source: Source, order: int, path: str, st: os.stat_result, files: tup
                  head_mtime_ns=st.st_mtime_ns, identity=(st.st_dev, st.st_ino), stem=stem, **kw)
 
 
-def _split_found(source: Source, order: int, folder: str, prefix: str, count: int,
+def _split_found(source: Source, order: int, prefix: str, count: int,
                  parts: dict[int, tuple[str, os.stat_result]]) -> Found:
     files = tuple(Path(parts[n][0]) for n in sorted(parts))
     size = sum(parts[n][1].st_size for n in parts)
@@ -163,8 +163,7 @@ def _split_found(source: Source, order: int, folder: str, prefix: str, count: in
     if missing:
         names = ", ".join(f"{prefix}-{n:05d}-of-{count:05d}.gguf" for n in missing[:4])
         more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
-        error = (f"split model is incomplete: {len(missing)} of its {count} parts are missing "
-                 f"({names}{more}) in {folder}")
+        error = f"split model is incomplete: {len(missing)} of its {count} parts are missing ({names}{more})"
     first = parts.get(1) or parts[min(parts)]
     return _found(source, order, first[0], first[1], files, size, prefix, error=error,
                   readable=1 in parts, split_count=count)
@@ -184,8 +183,9 @@ def ollama_models(source: Source, order: int) -> list[Found]:
                 doc = json.loads(f.read(MAX_MANIFEST_BYTES))
             layers = [layer for layer in doc.get("layers", []) if isinstance(layer, dict)]
         except (OSError, ValueError, AttributeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else str(exc)  # no file paths in messages
             out.append(_missing(source, order, Path(path), (name,), 0,
-                                f"unreadable Ollama manifest for '{name}': {exc}"))
+                                f"unreadable Ollama manifest for '{name}': {why}"))
             continue
         model_layers = [layer for layer in layers if layer.get("mediaType") == OLLAMA_MODEL_LAYER]
         if not model_layers:
