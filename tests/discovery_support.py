@@ -100,7 +100,8 @@ def hf_snapshot_file(hub: Path, repo: str, revision: str, filename: str, source:
 def cut(source: Path, target: Path, length: int) -> Path:
     """A copy of the first `length` bytes of `source` (an interrupted download)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(source.read_bytes()[:length])
+    with open(source, "rb") as src:
+        target.write_bytes(src.read(length))
     return target
 
 
