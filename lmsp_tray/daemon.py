@@ -28,6 +28,8 @@ import uvicorn
 
 from lmsp_tray import __version__
 from lmsp_tray.config import Config, Paths
+from lmsp_tray.discovery.catalog import Catalog
+from lmsp_tray.discovery.watch import FolderWatcher
 from lmsp_tray.engine.manager import MemoryBudget, ModelManager
 from lmsp_tray.engine.plan import LoadOptions
 from lmsp_tray.engine.runtime import Runtime
@@ -37,13 +39,9 @@ from lmsp_tray.service import Service
 log = logging.getLogger("lmsp_tray.daemon")
 
 
-class AlreadyRunning(RuntimeError):
-    """Another lmsp-tray serves this user already."""
-
-    def __init__(self, url: str, pid: int) -> None:
-        super().__init__(f"lmsp-tray is already running at {url} (pid {pid}).")
-        self.url = url
-        self.pid = pid
+def build_catalog(paths: Paths, config: Config) -> Catalog:
+    """The model catalog over every folder family the configuration asks for."""
+    return Catalog.from_config(paths, config)
 
 
 @dataclass(frozen=True)
@@ -122,12 +120,21 @@ class Daemon:
                                    budget=memory_budget(config, self.runtime), keep_alive=config.keep_alive)
         self.service = Service(config=config, catalog=catalog, models=self.models)
         self.app = create_app(self.service)
+        self.watcher = FolderWatcher(catalog)
+        self.watcher.subscribe(self._models_changed)
         self.url: str | None = None
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = threading.Event()
         self._startup_error: BaseException | None = None
+
+    def _models_changed(self, _entries: Any, _added: set[str], removed: set[str]) -> None:
+        """A model file went away: unload it once its running requests have finished."""
+        for model_id in removed:
+            if self.models.get(model_id) is not None:
+                threading.Thread(target=self.models.unload, args=(model_id,), kwargs={"drain": True},
+                                 name="lmsp-unload-removed", daemon=True).start()
 
     # -- serving --------------------------------------------------------------------------------
     def _uvicorn_config(self, sock: socket.socket) -> uvicorn.Config:
@@ -171,6 +178,7 @@ class Daemon:
             await asyncio.sleep(0.01)
         if server.started:
             self._write_discovery_file()
+            self.watcher.start()
             log.info("lmsp-tray %s serving %s", __version__, self.url)
         self._started.set()
         await serve_task
@@ -228,6 +236,7 @@ class Daemon:
 
     def close(self) -> None:
         self._remove_discovery_file()
+        self.watcher.stop()
         self.models.close()
 
     # -- discovery file -------------------------------------------------------------------------

@@ -61,7 +61,7 @@ class Catalog:
     """What the service needs from discovery (implemented by `discovery.catalog.Catalog`)."""
 
     def entries(self) -> list[ModelEntry]: ...  # pragma: no cover
-    def get(self, model_id: str) -> ModelEntry | None: ...  # pragma: no cover
+    def resolve(self, name: str) -> ModelEntry | None: ...  # pragma: no cover
 
 
 @dataclass
@@ -158,7 +158,7 @@ class Service:
 
     # -- models ---------------------------------------------------------------------------------
     def entry(self, model_id: str, *, param: str | None = None) -> ModelEntry:
-        entry = self.catalog.get(model_id)
+        entry = self.catalog.resolve(model_id)
         if entry is None:
             raise ModelNotFound(
                 f"No model '{model_id}' is available. GET /lmsp/v1/models lists the models this service found.",

@@ -46,7 +46,6 @@ class _Record:
     model: LlamaModel | None = None
     plan: LoadPlan | None = None
     error: LMSPError | None = None
-    done: threading.Event = field(default_factory=threading.Event)
     keep_alive: float | None = None  # seconds idle before unloading; None: never
     last_used: float = field(default_factory=time.monotonic)
 
@@ -76,6 +75,7 @@ class ModelManager:
         self._default_keep_alive = keep_alive
         self._records: dict[str, _Record] = {}
         self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)  # notified on every state change
         self._listeners: list[Callable[[str, str], None]] = []
         self._closed = threading.Event()
         self._reaper = threading.Thread(target=self._reap, args=(reap_interval,), name="lmsp-reaper", daemon=True)
@@ -88,6 +88,7 @@ class ModelManager:
 
     def _set(self, model_id: str, record: _Record, state: str) -> None:
         record.state = state
+        self._changed.notify_all()
         for listener in list(self._listeners):
             try:
                 listener(model_id, state)
@@ -115,32 +116,30 @@ class ModelManager:
     def acquire(self, entry: ModelEntry, *, keep_alive: float | None | str = DEFAULT) -> LlamaModel:
         """The loaded model for `entry`, loading it first if needed (blocking)."""
         while True:
-            victims: list[str] = []
             with self._lock:
                 record = self._records.get(entry.id)
-                if record is None or record.state in (AVAILABLE, ERROR):
-                    if not entry.ok:
-                        raise ModelLoadFailed(f"'{entry.id}' cannot be loaded: {entry.error or 'unreadable file'}")
-                    plan = self.plan(entry)
-                    victims = self._make_room(entry.id, plan)
-                    record = _Record(plan=plan, keep_alive=self._default_keep_alive)
-                    self._records[entry.id] = record
-                    self._set(entry.id, record, LOADING)
-                    loader = True
-                elif record.state == LOADED and record.model is not None:
+                if record is not None and record.state in (LOADING, UNLOADING):
+                    # Someone else is loading or unloading it: wait for the outcome, then decide again.
+                    self._changed.wait_for(
+                        lambda: self._records.get(entry.id) is not record or record.state not in (LOADING, UNLOADING)
+                    )
+                    if self._records.get(entry.id) is record and record.state == ERROR and record.error:
+                        raise record.error
+                    continue
+                if record is not None and record.state == LOADED and record.model is not None:
                     self._touch(record, keep_alive)
                     return record.model
-                else:
-                    loader = False
-                    waiting_on = record
-            if loader:
-                for victim in victims:
-                    log.info("unloading %s to make room for %s", victim, entry.id)
-                    self.unload(victim, drain=True)
-                return self._do_load(entry, record, keep_alive)
-            waiting_on.done.wait()
-            if waiting_on.state == ERROR and waiting_on.error is not None:
-                raise waiting_on.error
+                if not entry.ok:
+                    raise ModelLoadFailed(f"'{entry.id}' cannot be loaded: {entry.error or 'unreadable file'}")
+                plan = self.plan(entry)
+                victims = self._make_room(entry.id, plan)
+                record = _Record(plan=plan, keep_alive=self._default_keep_alive)
+                self._records[entry.id] = record
+                self._set(entry.id, record, LOADING)
+            for victim in victims:
+                log.info("unloading %s to make room for %s", victim, entry.id)
+                self.unload(victim, drain=True)
+            return self._do_load(entry, record, keep_alive)
 
     def _make_room(self, model_id: str, plan: LoadPlan) -> list[str]:
         """Idle models to unload (least recently used first) so `plan` fits; 507 when it cannot."""
@@ -195,14 +194,12 @@ class ModelManager:
             with self._lock:
                 record.error = exc
                 self._set(entry.id, record, ERROR)
-                record.done.set()
             raise
         with self._lock:
             record.model = model
             record.error = None
             self._touch(record, keep_alive)
             self._set(entry.id, record, LOADED)
-            record.done.set()
         return model
 
     def unload(self, model_id: str, *, drain: bool = True) -> bool:
