@@ -39,6 +39,14 @@ from lmsp_tray.service import Service
 log = logging.getLogger("lmsp_tray.daemon")
 
 
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handlers: the daemon ends streams first, then stops it."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Any:
+        yield
+
+
 def build_catalog(paths: Paths, config: Config) -> Catalog:
     """The model catalog over every folder family the configuration asks for."""
     return Catalog.from_config(paths, config)
@@ -170,8 +178,7 @@ class Daemon:
 
     async def _serve(self, sock: socket.socket) -> None:
         self._loop = asyncio.get_running_loop()
-        server = uvicorn.Server(self._uvicorn_config(sock))
-        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        server = _Server(self._uvicorn_config(sock))
         self._server = server
         serve_task = asyncio.ensure_future(server.serve(sockets=[sock]))
         while not server.started and not serve_task.done():
