@@ -16,7 +16,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Protocol
 
 from lmsp_tray import __version__
 from lmsp_tray.config import Config, parse_duration, ConfigError
@@ -57,11 +57,12 @@ SCOPES = (
 )
 
 
-class Catalog:
+class Catalog(Protocol):
     """What the service needs from discovery (implemented by `discovery.catalog.Catalog`)."""
 
-    def entries(self) -> list[ModelEntry]: ...  # pragma: no cover
-    def resolve(self, name: str) -> ModelEntry | None: ...  # pragma: no cover
+    def entries(self) -> list[ModelEntry]: ...
+
+    def resolve(self, name: str) -> ModelEntry | None: ...
 
 
 @dataclass
