@@ -108,7 +108,8 @@ def _catalog(paths: Paths, config: Config, *, announce: bool) -> Any:
 
     catalog = build_catalog(paths, config)
     entries = catalog.scan()
-    if config.demo_model and not any(e.ok for e in entries) and demo_available():
+    # The demo goes into the service's own folder, which is scanned unless only --models-dir folders are.
+    if config.demo_model and config.default_dirs and not any(e.ok for e in entries) and demo_available():
         if announce:
             print("No models found; preparing the built-in demo model (Gemma 3 270M)…", file=sys.stderr)
 
@@ -127,7 +128,7 @@ def _catalog(paths: Paths, config: Config, *, announce: bool) -> Any:
 # -- commands -------------------------------------------------------------------------------------
 def cmd_models(paths: Paths, config: Config, args: argparse.Namespace) -> int:
     from lmsp_tray.daemon import build_catalog
-    from lmsp_tray.engine.model import context_window
+    from lmsp_tray.engine.plan import context_window
 
     entries = build_catalog(paths, config).scan()
     if args.json:
