@@ -81,7 +81,7 @@ def test_resume_after_cutting_the_connection_at_20_points(daemon_factory) -> Non
     live = daemon_factory()
     rng = random.Random(4711)
     with httpx.Client(base_url=live.url, timeout=60) as c:
-        task = create(c, **body("Tell a long story.", model=SLOW_ID, max_output_tokens=600))
+        task = create(c, **body("Tell a long story.", model=SLOW_ID, max_output_tokens=400))
         seen: list[SSE] = []
         live_cuts = 0
         for cut in range(20):
