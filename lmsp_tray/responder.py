@@ -71,8 +71,8 @@ class Started:
                     background(self._db, event_log.append_events, self.response_id, [(event.id, event.name, event.data)])
                 yield event
         finally:
-            if not done and self._claim is not None and self._idempotency is not None:
-                self._idempotency.release(self._claim)  # the client left before the end: a retry runs anew
+            if not done:
+                self._give_up()  # the client left before the end: a retry runs anew
 
     async def result(self) -> dict[str, Any]:
         """Run to the end (sync request); a failure raises its LMSP error after the response was stored."""
@@ -101,9 +101,16 @@ class Started:
             self.saved = True
         except Exception:
             log.exception("could not save response %s", self.response_id)
-            if claim is not None and self._idempotency is not None:
-                self._idempotency.release(claim)
+            self._give_up()
         self._claim = None  # finished or released: nothing left to do in `finally`
+
+    def _give_up(self) -> None:
+        """Release the key and close the stream's log (housekeeping expires it), without waiting."""
+        if self._claim is not None and self._idempotency is not None:
+            self._idempotency.release(self._claim)
+            if self._log_events and self._db is not None:
+                background(self._db, event_log.close_log, self.response_id)
+        self._claim = None
 
 
 def _finish_response(conn: Any, response_id: str, log_row: tuple | None, stored: Any, claim: Claim | None,
