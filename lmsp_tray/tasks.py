@@ -221,7 +221,7 @@ class TaskManager:
             raise TaskNotFound(f"No task '{task_id}'. GET /lmsp/v1/tasks lists the tasks that are kept.")
         return task
 
-    async def list(self, *, caller: Caller = ANONYMOUS, status: list[str] | None = None, limit: int = 20,
+    async def list_tasks(self, *, caller: Caller = ANONYMOUS, status: list[str] | None = None, limit: int = 20,
                    after: str | None = None) -> TaskPage:
         if status:
             unknown = [s for s in status if s not in TASK_STATUSES]

@@ -161,6 +161,16 @@ def test_events_expire_after_retention_but_the_task_keeps_its_result(daemon_fact
         assert read(c, task["id"], after=evs[-1].id) == []  # nothing missing: nothing to refuse
         doc = c.get(f"/tasks/{task['id']}").json()
         assert doc["status"] == "incomplete" and final_text(doc["response"]) == deltas(evs)
+    # The housekeeper deleted the events themselves (in the background): the database stays bounded.
+    db = live.daemon.db
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        left = db.read(lambda conn: conn.execute("SELECT COUNT(*) FROM events WHERE owner_id = ?",
+                                                 (task["id"],)).fetchone()[0])
+        if left == 0:
+            break
+        time.sleep(0.2)
+    assert left == 0
 
 
 def test_cancel_mid_generation(daemon_factory) -> None:

@@ -64,7 +64,7 @@ async def list_tasks(request: Request) -> Response:
     query = request.query_params
     statuses = [s.strip() for value in query.getlist("status") for s in value.split(",") if s.strip()]
     limit = _int(query.get("limit", "20"), "limit")
-    page = await _tasks(request).list(caller=caller_of(request), status=statuses, limit=limit,
+    page = await _tasks(request).list_tasks(caller=caller_of(request), status=statuses, limit=limit,
                                       after=query.get("after") or None)
     data = [task_object(t) for t in page.items]
     return JSON({
