@@ -106,6 +106,36 @@ def test_resume_after_cutting_the_connection_at_20_points(daemon_factory) -> Non
         assert deltas(seen) == final_text(doc["response"]) == final_text(seen[-1].data["response"])
 
 
+def test_readers_only_see_committed_events(daemon_factory) -> None:
+    """Written, then sent: every event a reader gets is already in the database."""
+    from lmsp_tray.store import events as event_log
+
+    live = daemon_factory()
+    db = live.daemon.db
+    stop = threading.Event()
+
+    def slow_writer() -> None:  # occupy the writer now and then, so commits lag behind generation
+        while not stop.is_set():
+            db.write(lambda conn: time.sleep(0.03)).result()
+            time.sleep(0.01)
+
+    jammer = threading.Thread(target=slow_writer)
+    jammer.start()
+    try:
+        with httpx.Client(base_url=live.url, timeout=60) as c:
+            task = create(c, **body("committed first", model=SLOW_ID, max_output_tokens=300))
+            checked = 0
+            with c.stream("GET", f"/tasks/{task['id']}/events") as r:
+                for e in iter_sse(r):
+                    if isinstance(e, SSE):
+                        assert db.read(event_log.last_event_seq, task["id"]) >= e.id, f"event {e.id} not committed"
+                        checked += 1
+            assert checked > 20
+    finally:
+        stop.set()
+        jammer.join()
+
+
 def test_after_beats_last_event_id(client: httpx.Client) -> None:
     task = create(client, **body("count", max_output_tokens=10))
     full = read(client, task["id"])
