@@ -222,7 +222,7 @@ class TaskManager:
         return task
 
     async def list_tasks(self, *, caller: Caller = ANONYMOUS, status: list[str] | None = None, limit: int = 20,
-                   after: str | None = None) -> TaskPage:
+                         after: str | None = None) -> TaskPage:
         if status:
             unknown = [s for s in status if s not in TASK_STATUSES]
             if unknown:
