@@ -4,9 +4,9 @@
 
 One lmsp-tray service (a subprocess) on the Gemma 3 270M file, temperature 0.
 (a) reuse: an 8-turn conversation through `previous_response_id` with
-    `store: true` — the service expands the stored chain and the model's slot
-    still holds the earlier turns in its KV cache, so only the new part of
-    the prompt is evaluated;
+    `store: true`, starting on a freshly loaded model — the service expands
+    the stored chain and the model's slot still holds the earlier turns in its
+    KV cache, so only the new part of the prompt is evaluated;
 (b) baseline: the same kind of conversation re-sending the whole context in
     `input`, with the model unloaded and loaded again (untimed) before every
     turn, so nothing is reused and the whole history is evaluated each time.
@@ -39,9 +39,16 @@ QUESTIONS = [
 ]
 
 
+def fresh_model(client: httpx.Client, url: str) -> None:
+    """Unload and load the model (untimed): no KV cache holds any earlier conversation."""
+    client.post(f"{url}/models/{GEMMA_ID}/unload").raise_for_status()
+    client.post(f"{url}/models/{GEMMA_ID}/load").raise_for_status()
+
+
 def reuse_run(client: httpx.Client, url: str, turns: int, tokens: int) -> list[tuple[float, int, int]]:
     out = []
     previous = None
+    fresh_model(client, url)  # turn 1 starts cold, like the baseline's turns
     for question in QUESTIONS[:turns]:
         extra = {"store": True, **({"previous_response_id": previous} if previous else {})}
         turn = stream_lmsp_turn(client, url, question, tokens, extra=extra)
@@ -55,8 +62,7 @@ def baseline_run(client: httpx.Client, url: str, turns: int, tokens: int) -> lis
     out = []
     history: list[dict] = []
     for question in QUESTIONS[:turns]:
-        client.post(f"{url}/models/{GEMMA_ID}/unload").raise_for_status()  # drop every KV cache
-        client.post(f"{url}/models/{GEMMA_ID}/load").raise_for_status()
+        fresh_model(client, url)  # nothing to reuse: the whole history is evaluated
         turn = stream_lmsp_turn(client, url, question, tokens, previous=history)
         history += [{"role": "user", "content": question},
                     {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": turn.text}]}]
