@@ -32,9 +32,15 @@ from lmsp_tray.engine.manager import ModelManager
 from lmsp_tray.engine.model import LoadOptions
 from lmsp_tray.engine.runtime import Runtime
 from lmsp_tray.http.app import create_app
+from lmsp_tray.http.auth_routes import Auth
+from lmsp_tray.pairing import PairingBroker
 from lmsp_tray.service import Service
+from lmsp_tray.tokens import MemoryTokenRepository, TokenManager, TokenRepository
+from lmsp_tray.vault import SecretVault
 
 log = logging.getLogger("lmsp_tray.daemon")
+
+MAX_HEADER_BYTES = 32 * 1024  # request line + headers; h11 answers 400 past this, before any of it is kept
 
 
 class AlreadyRunning(RuntimeError):
@@ -98,14 +104,18 @@ def _kv_budget(config: Config) -> int | None:
 
 
 class Daemon:
-    def __init__(self, paths: Paths, config: Config, *, catalog: Any) -> None:
+    def __init__(self, paths: Paths, config: Config, *, catalog: Any, vault: SecretVault | None = None,
+                 token_repository: TokenRepository | None = None) -> None:
         self.paths = paths
         self.config = config
         self.catalog = catalog
         self.runtime = Runtime()
         self.models = ModelManager(self.runtime, load_options(config, self.runtime), keep_alive=config.keep_alive)
         self.service = Service(config=config, catalog=catalog, models=self.models)
-        self.app = create_app(self.service)
+        tokens = TokenManager(token_repository or MemoryTokenRepository(), vault or SecretVault())
+        tokens.ensure_owner()
+        self.auth = Auth(tokens=tokens, pairings=PairingBroker(tokens))
+        self.app = create_app(self.service, self.auth)
         self.url: str | None = None
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -121,6 +131,8 @@ class Daemon:
             access_log=False,
             lifespan="off",
             ws="none",
+            http="h11",  # h11 bounds the request head (httptools does not)
+            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
             timeout_graceful_shutdown=5,
             server_header=False,
             date_header=True,
@@ -130,6 +142,8 @@ class Daemon:
     def bind(self, port: int | None = None) -> socket.socket:
         """Bind the loopback socket (port 0 picks a free one)."""
         host = self.config.host if self.config.host != "localhost" else "127.0.0.1"
+        if host not in ("127.0.0.1", "::1"):
+            raise OSError(f"refusing to listen on {host}: lmsp-tray binds loopback only")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -219,6 +233,9 @@ class Daemon:
         path = self.paths.discovery_file
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         doc = {"url": self.url, "pid": os.getpid(), "version": __version__, "started_at": int(time.time())}
+        tokens = self.auth.tokens
+        if tokens.owner_id and not tokens.owner_ephemeral:
+            doc["owner_token_id"] = tokens.owner_id  # an id, not a secret: the CLI finds the secret in the keyring
         tmp = path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -42,18 +42,10 @@ from lmsp_tray.errors import (
 )
 from lmsp_tray.protocol.events import Event, ResponseAssembler
 from lmsp_tray.protocol.requests import FunctionCall, FunctionCallOutput, Message, ResponseRequest
+from lmsp_tray.tokens import SCOPES  # noqa: F401 — the scope list lives with the tokens
 
 log = logging.getLogger("lmsp_tray.service")
 
-SCOPES = (
-    "models:read",
-    "models:manage",
-    "responses:create",
-    "responses:read",
-    "tasks:create",
-    "tasks:read",
-    "tokens:manage",
-)
 
 
 class Catalog:

@@ -64,5 +64,5 @@ def daemon(daemon_factory: Callable[..., LiveDaemon]) -> LiveDaemon:
 
 @pytest.fixture
 def client(daemon: LiveDaemon) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=daemon.url, timeout=60) as c:
+    with httpx.Client(base_url=daemon.url, timeout=60, headers=daemon.auth_headers) as c:
         yield c

@@ -43,6 +43,25 @@ def build_catalog(paths, config):
     return _StaticCatalog(config.models_dirs[0])
 
 
+class MemoryVault:
+    """Stands in for the OS keyring in tests that are not about it (tests/test_keyring.py uses the real one)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, str] = {}
+
+    def check(self) -> None:
+        pass
+
+    def store(self, token_id: str, secret: str) -> None:
+        self.entries[token_id] = secret
+
+    def load(self, token_id: str) -> str | None:
+        return self.entries.get(token_id)
+
+    def delete(self, token_id: str) -> bool:
+        return self.entries.pop(token_id, None) is not None
+
+
 @dataclass
 class LiveDaemon:
     daemon: Daemon
@@ -51,6 +70,21 @@ class LiveDaemon:
     @property
     def service(self):
         return self.daemon.service
+
+    @property
+    def owner_token(self) -> str:
+        secret = self.daemon.auth.tokens.owner_secret
+        assert secret
+        return secret
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.owner_token}"}
+
+    @property
+    def base(self) -> str:
+        """http://127.0.0.1:PORT (without /lmsp/v1)."""
+        return self.url.removesuffix("/lmsp/v1")
 
     def scheduler(self, model_id: str = TINY_ID):
         model = self.daemon.models.get(model_id)
@@ -61,10 +95,11 @@ class LiveDaemon:
         self.daemon.stop_background()
 
 
-def start_daemon(models_dir: Path, **overrides: Any) -> LiveDaemon:
+def start_daemon(models_dir: Path, *, vault: Any = None, token_repository: Any = None, **overrides: Any) -> LiveDaemon:
     paths = resolve_paths().ensure()
     config = Config(models_dirs=[models_dir], default_dirs=False, demo_model=False).with_overrides(**overrides)
-    daemon = Daemon(paths, config, catalog=build_catalog(paths, config))
+    daemon = Daemon(paths, config, catalog=build_catalog(paths, config), vault=vault or MemoryVault(),
+                    token_repository=token_repository)
     daemon.start_background(daemon.bind(0))
     assert daemon.url
     return LiveDaemon(daemon, daemon.url)

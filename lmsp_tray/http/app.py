@@ -1,4 +1,4 @@
-"""The Starlette application: routes, the LMSP-Version rule and problem documents."""
+"""The Starlette application: routes, security, the LMSP-Version rule and problem documents."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from typing import Any
 from starlette.applications import Starlette
 
 from lmsp_tray.errors import UnsupportedVersion
+from lmsp_tray.http.auth_routes import AUTH_ROUTES, Auth
 from lmsp_tray.http.problems import EXCEPTION_HANDLERS, send_problem
 from lmsp_tray.http.routes import ROUTES
+from lmsp_tray.http.security import SecurityMiddleware, SecurityPolicy
 from lmsp_tray.service import Service
 
 
@@ -42,7 +44,14 @@ class VersionMiddleware:
         await self.app(scope, receive, send_with_version)
 
 
-def create_app(service: Service) -> Any:
-    app = Starlette(routes=list(ROUTES), exception_handlers=dict(EXCEPTION_HANDLERS))
+def all_routes() -> list[Any]:
+    return [*ROUTES, *AUTH_ROUTES]
+
+
+def create_app(service: Service, auth: Auth) -> Any:
+    """The ASGI app: security checks first (Host, Origin, token), then the version rule, then the routes."""
+    app = Starlette(routes=all_routes(), exception_handlers=dict(EXCEPTION_HANDLERS))
     app.state.service = service
-    return VersionMiddleware(app)
+    app.state.auth = auth
+    policy = SecurityPolicy.build(service.config.allowed_origins, service.config.max_request_bytes)
+    return SecurityMiddleware(VersionMiddleware(app), tokens=auth.tokens, policy=policy)
