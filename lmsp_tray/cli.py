@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     autostart = commands.add_parser("autostart", help="start lmsp-tray at login (off by default)")
     autostart.add_argument("action", choices=["enable", "disable", "status"])
+
+    from lmsp_tray.tokens_cli import add_parser as add_tokens_parser
+
+    add_tokens_parser(commands)
     return parser
 
 
@@ -108,7 +112,8 @@ def _catalog(paths: Paths, config: Config, *, announce: bool) -> Any:
 
     catalog = build_catalog(paths, config)
     entries = catalog.scan()
-    if config.demo_model and not any(e.ok for e in entries) and demo_available():
+    # The demo goes into the service's own folder, which is scanned unless only --models-dir folders are.
+    if config.demo_model and config.default_dirs and not any(e.ok for e in entries) and demo_available():
         if announce:
             print("No models found; preparing the built-in demo model (Gemma 3 270M)…", file=sys.stderr)
 
@@ -127,7 +132,7 @@ def _catalog(paths: Paths, config: Config, *, announce: bool) -> Any:
 # -- commands -------------------------------------------------------------------------------------
 def cmd_models(paths: Paths, config: Config, args: argparse.Namespace) -> int:
     from lmsp_tray.daemon import build_catalog
-    from lmsp_tray.engine.model import context_window
+    from lmsp_tray.engine.plan import context_window
 
     entries = build_catalog(paths, config).scan()
     if args.json:
@@ -205,5 +210,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"cannot create lmsp-tray's folders: {exc}")
     if args.command == "models":
         return cmd_models(paths, config, args)
+    if args.command == "tokens":
+        from lmsp_tray.tokens_cli import run as cmd_tokens
+
+        return cmd_tokens(paths, config, args)
     setup_logging(paths, args.verbose)
     return cmd_serve(paths, config, args, tray=args.command is None)

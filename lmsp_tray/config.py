@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,9 +72,10 @@ def resolve_paths(environ: Mapping[str, str] | None = None) -> Paths:
     import platformdirs
 
     dirs = platformdirs.PlatformDirs(APP_NAME, appauthor=False)
-    runtime = Path(dirs.user_runtime_dir)
-    if not runtime.parent.is_dir():  # no XDG_RUNTIME_DIR session folder (e.g. a container)
-        runtime = Path(dirs.user_state_dir) / "run"
+    if sys.platform.startswith("linux") and not env.get("XDG_RUNTIME_DIR"):
+        runtime = Path(dirs.user_state_dir) / "run"  # no login session folder (containers, ssh)
+    else:
+        runtime = Path(dirs.user_runtime_dir)
     return Paths(Path(dirs.user_config_dir), Path(dirs.user_data_dir), Path(dirs.user_cache_dir), runtime)
 
 

@@ -28,14 +28,17 @@ import uvicorn
 
 from lmsp_tray import __version__
 from lmsp_tray.config import Config, Paths
-from lmsp_tray.engine.manager import ModelManager
-from lmsp_tray.engine.model import LoadOptions
+from lmsp_tray.discovery.catalog import Catalog
+from lmsp_tray.discovery.watch import FolderWatcher
+from lmsp_tray.engine.manager import MemoryBudget, ModelManager
+from lmsp_tray.engine.plan import LoadOptions
 from lmsp_tray.engine.runtime import Runtime
 from lmsp_tray.http.app import create_app
 from lmsp_tray.http.auth_routes import Auth
 from lmsp_tray.pairing import PairingBroker
 from lmsp_tray.service import Service
-from lmsp_tray.tokens import MemoryTokenRepository, TokenManager, TokenRepository
+from lmsp_tray.store import Database, Housekeeper, LastUsedBatcher
+from lmsp_tray.tokens import StoreTokenRepository, TokenManager, TokenRepository
 from lmsp_tray.vault import SecretVault
 
 log = logging.getLogger("lmsp_tray.daemon")
@@ -43,13 +46,17 @@ log = logging.getLogger("lmsp_tray.daemon")
 MAX_HEADER_BYTES = 32 * 1024  # request line + headers; h11 answers 400 past this, before any of it is kept
 
 
-class AlreadyRunning(RuntimeError):
-    """Another lmsp-tray serves this user already."""
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handlers: the daemon ends streams first, then stops it."""
 
-    def __init__(self, url: str, pid: int) -> None:
-        super().__init__(f"lmsp-tray is already running at {url} (pid {pid}).")
-        self.url = url
-        self.pid = pid
+    @contextlib.contextmanager
+    def capture_signals(self) -> Any:
+        yield
+
+
+def build_catalog(paths: Paths, config: Config) -> Catalog:
+    """The model catalog over every folder family the configuration asks for."""
+    return Catalog.from_config(paths, config)
 
 
 @dataclass(frozen=True)
@@ -94,13 +101,28 @@ def load_options(config: Config, runtime: Runtime) -> LoadOptions:
     )
 
 
-def _kv_budget(config: Config) -> int | None:
-    """A quarter of the memory budget may go to the KV caches of parallel sequences."""
+def _total_ram() -> int | None:
     try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
-    return int(total * config.memory_budget_fraction / 4)
+
+
+def _kv_budget(config: Config) -> int | None:
+    """A quarter of the memory budget may go to the KV caches of parallel sequences."""
+    total = _total_ram()
+    return None if total is None else int(total * config.memory_budget_fraction / 4)
+
+
+def memory_budget(config: Config, runtime: Runtime) -> MemoryBudget:
+    """At most `max_loaded_models`, within a share of RAM (and of VRAM when a GPU is used)."""
+    total = _total_ram()
+    vram = sum(d.total_bytes for d in runtime.devices)
+    return MemoryBudget(
+        max_models=config.max_loaded_models,
+        ram_bytes=None if total is None else int(total * config.memory_budget_fraction),
+        vram_bytes=int(vram * config.memory_budget_fraction) if vram and config.gpu != "off" else None,
+    )
 
 
 class Daemon:
@@ -110,18 +132,31 @@ class Daemon:
         self.config = config
         self.catalog = catalog
         self.runtime = Runtime()
-        self.models = ModelManager(self.runtime, load_options(config, self.runtime), keep_alive=config.keep_alive)
+        self.models = ModelManager(self.runtime, load_options(config, self.runtime),
+                                   budget=memory_budget(config, self.runtime), keep_alive=config.keep_alive)
         self.service = Service(config=config, catalog=catalog, models=self.models)
-        tokens = TokenManager(token_repository or MemoryTokenRepository(), vault or SecretVault())
+        self.db = Database(paths.database)
+        last_used = LastUsedBatcher()
+        self.housekeeper = Housekeeper(self.db, event_retention_s=config.event_retention, last_used=last_used).start()
+        tokens = TokenManager(token_repository or StoreTokenRepository(self.db, last_used), vault or SecretVault())
         tokens.ensure_owner()
         self.auth = Auth(tokens=tokens, pairings=PairingBroker(tokens))
         self.app = create_app(self.service, self.auth)
+        self.watcher = FolderWatcher(catalog)
+        self.watcher.subscribe(self._models_changed)
         self.url: str | None = None
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = threading.Event()
         self._startup_error: BaseException | None = None
+
+    def _models_changed(self, _entries: Any, _added: set[str], removed: set[str]) -> None:
+        """A model file went away: unload it once its running requests have finished."""
+        for model_id in removed:
+            if self.models.get(model_id) is not None:
+                threading.Thread(target=self.models.unload, args=(model_id,), kwargs={"drain": True},
+                                 name="lmsp-unload-removed", daemon=True).start()
 
     # -- serving --------------------------------------------------------------------------------
     def _uvicorn_config(self, sock: socket.socket) -> uvicorn.Config:
@@ -161,14 +196,14 @@ class Daemon:
 
     async def _serve(self, sock: socket.socket) -> None:
         self._loop = asyncio.get_running_loop()
-        server = uvicorn.Server(self._uvicorn_config(sock))
-        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        server = _Server(self._uvicorn_config(sock))
         self._server = server
         serve_task = asyncio.ensure_future(server.serve(sockets=[sock]))
         while not server.started and not serve_task.done():
             await asyncio.sleep(0.01)
         if server.started:
             self._write_discovery_file()
+            self.watcher.start()
             log.info("lmsp-tray %s serving %s", __version__, self.url)
         self._started.set()
         await serve_task
@@ -226,7 +261,10 @@ class Daemon:
 
     def close(self) -> None:
         self._remove_discovery_file()
+        self.watcher.stop()
         self.models.close()
+        self.housekeeper.stop()
+        self.db.close()
 
     # -- discovery file -------------------------------------------------------------------------
     def _write_discovery_file(self) -> None:

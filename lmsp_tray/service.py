@@ -16,14 +16,15 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Protocol
 
 from lmsp_tray import __version__
 from lmsp_tray.config import Config, parse_duration, ConfigError
 from lmsp_tray.discovery.entry import ModelEntry
 from lmsp_tray.engine.jobs import CANCELLED, CONTEXT, ERROR, LENGTH, Finish, GenerationJob
 from lmsp_tray.engine.manager import ModelManager
-from lmsp_tray.engine.model import LlamaModel, context_window
+from lmsp_tray.engine.model import LlamaModel
+from lmsp_tray.engine.plan import context_window
 from lmsp_tray.engine.sampling import (
     DEFAULT_MIN_P,
     DEFAULT_TEMPERATURE,
@@ -48,11 +49,12 @@ log = logging.getLogger("lmsp_tray.service")
 
 
 
-class Catalog:
+class Catalog(Protocol):
     """What the service needs from discovery (implemented by `discovery.catalog.Catalog`)."""
 
-    def entries(self) -> list[ModelEntry]: ...  # pragma: no cover
-    def get(self, model_id: str) -> ModelEntry | None: ...  # pragma: no cover
+    def entries(self) -> list[ModelEntry]: ...
+
+    def resolve(self, name: str) -> ModelEntry | None: ...
 
 
 @dataclass
@@ -149,7 +151,7 @@ class Service:
 
     # -- models ---------------------------------------------------------------------------------
     def entry(self, model_id: str, *, param: str | None = None) -> ModelEntry:
-        entry = self.catalog.get(model_id)
+        entry = self.catalog.resolve(model_id)
         if entry is None:
             raise ModelNotFound(
                 f"No model '{model_id}' is available. GET /lmsp/v1/models lists the models this service found.",

@@ -39,6 +39,9 @@ from typing import Callable, Iterable, Protocol
 
 from lmsp_tray.errors import Conflict, InvalidRequest, NotFound
 from lmsp_tray.ids import new_id
+from lmsp_tray.store import tokens as store_tokens
+from lmsp_tray.store.database import Database
+from lmsp_tray.store.tokens import LastUsedBatcher, TokenRecord
 from lmsp_tray.vault import KeyringUnavailable, SecretVault
 
 log = logging.getLogger("lmsp_tray.tokens")
@@ -69,31 +72,44 @@ def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
 
 
-@dataclass(frozen=True)
-class TokenRecord:
-    """A token's metadata as the database keeps it (never the secret; the hash hides from repr)."""
-
-    id: str
-    name: str
-    scopes: tuple[str, ...]
-    created_at: float
-    secret_hash: str = field(repr=False)
-    last_used_at: float | None = None
-    revoked_at: float | None = None
-
-    @property
-    def revoked(self) -> bool:
-        return self.revoked_at is not None
-
-
 class TokenRepository(Protocol):
-    """Where token metadata persists (the SQLite store; `MemoryTokenRepository` in unit tests)."""
+    """Where token metadata persists (`StoreTokenRepository`; `MemoryTokenRepository` in unit tests)."""
 
     def insert(self, record: TokenRecord) -> None: ...
     def get(self, token_id: str) -> TokenRecord | None: ...
     def list(self) -> list[TokenRecord]: ...  # all tokens, revoked too, oldest first
     def revoke(self, token_id: str, now: float) -> bool: ...
     def note_used(self, token_id: str, when: float) -> None: ...
+
+
+class StoreTokenRepository:
+    """Token metadata in the SQLite store; last-used times are batched (the housekeeper writes them)."""
+
+    def __init__(self, db: Database, last_used: LastUsedBatcher | None = None) -> None:
+        self.db = db
+        self.last_used = last_used if last_used is not None else LastUsedBatcher()
+
+    def insert(self, record: TokenRecord) -> None:
+        self.db.write_sync(store_tokens.insert, record)
+
+    def get(self, token_id: str) -> TokenRecord | None:
+        record = self.db.read(store_tokens.get, token_id)
+        return self._fresh(record) if record is not None else None
+
+    def list(self) -> list[TokenRecord]:
+        return [self._fresh(r) for r in self.db.read(store_tokens.list_tokens)]
+
+    def revoke(self, token_id: str, now: float) -> bool:
+        return self.db.write_sync(store_tokens.revoke, token_id, now=now)
+
+    def note_used(self, token_id: str, when: float) -> None:
+        self.last_used.note(token_id, when)
+
+    def _fresh(self, record: TokenRecord) -> TokenRecord:
+        pending = self.last_used.pending(record.id)
+        if pending is not None and (record.last_used_at is None or pending > record.last_used_at):
+            return replace(record, last_used_at=pending)
+        return record
 
 
 class MemoryTokenRepository:

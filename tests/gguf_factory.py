@@ -77,8 +77,14 @@ def write_tiny_gguf(
     ffn: int = 128,
     seed: int = 0,
     extra_kv: dict[str, object] | None = None,
+    split_max_tensors: int = 0,
 ) -> Path:
-    """Write a tiny llama-architecture GGUF and return its path."""
+    """Write a tiny llama-architecture GGUF and return its path.
+
+    With `split_max_tensors` > 0 the model is split llama.cpp-style into
+    ``<stem>-00001-of-0000N.gguf`` ... beside `path`; the first part's path
+    is returned.
+    """
     import gguf
 
     path = Path(path)
@@ -89,7 +95,7 @@ def write_tiny_gguf(
     head_dim = embedding // heads
     kv_dim = head_dim * heads_kv
 
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
     writer.add_name(name)
     if basename:
         writer.add_basename(basename)
@@ -150,4 +156,4 @@ def write_tiny_gguf(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path
+    return writer.format_shard_names(path)[0]

@@ -10,37 +10,10 @@ from typing import Any, Iterator
 import httpx
 
 from lmsp_tray.config import Config, resolve_paths
-from lmsp_tray.daemon import Daemon
-from lmsp_tray.discovery.entry import GGUFInfo, ModelEntry
+from lmsp_tray.daemon import Daemon, build_catalog
 
 TINY_ID = "tiny-test:1m-f32"
 SLOW_ID = "slow-test:4m-f32"
-
-
-class _StaticCatalog:  # TEMPORARY until discovery lands
-    def __init__(self, folder: Path) -> None:
-        import gguf
-        self._entries = {}
-        for path in sorted(folder.glob("*.gguf")):
-            r = gguf.GGUFReader(path)
-            def val(key):
-                f = r.fields.get(key)
-                if f is None: return None
-                v = f.contents()
-                return v
-            info = GGUFInfo(architecture=val("general.architecture"), size_label=val("general.size_label"),
-                            quantization="F32", context_length=val("llama.context_length"),
-                            chat_template=val("tokenizer.chat_template"), block_count=val("llama.block_count"))
-            eid = f"{val('general.basename')}:{(val('general.size_label') or '').lower()}-f32"
-            self._entries[eid] = ModelEntry(eid, path, "custom", path.stat().st_size, (path,), info)
-    def entries(self):
-        return list(self._entries.values())
-    def get(self, i):
-        return self._entries.get(i)
-
-
-def build_catalog(paths, config):
-    return _StaticCatalog(config.models_dirs[0])
 
 
 class MemoryVault:

@@ -235,29 +235,32 @@ def test_fifo_queue_and_429(daemon_factory) -> None:
     live = daemon_factory(parallel=1, max_queue=2)
     order: list[str] = []
     lock = threading.Lock()
+    release_first = threading.Event()
 
-    with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
+    def run(name: str, tokens: int) -> None:
+        with httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as own:
+            with own.stream("POST", "/responses", json=body(model=SLOW_ID, max_output_tokens=tokens, stream=True)) as r:
+                for e in iter_sse(r):
+                    if isinstance(e, SSE) and e.event == "response.output_text.delta" and name not in order:
+                        with lock:
+                            order.append(name)
+                        if name == "first":
+                            release_first.wait(120)
+                            return  # leaving cancels the long generation and frees the slot
+
+    with httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as c:
         c.post(f"/models/{SLOW_ID}/load").raise_for_status()
         sched = live.scheduler(SLOW_ID)
-
-        def run(name: str, tokens: int) -> None:
-            with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as own:
-                with own.stream("POST", "/responses", json=body(model=SLOW_ID, max_output_tokens=tokens, stream=True)) as r:
-                    for e in iter_sse(r):
-                        if isinstance(e, SSE) and e.event == "response.output_text.delta" and name not in order:
-                            with lock:
-                                order.append(name)
-
-        first = threading.Thread(target=run, args=("first", 3000))
+        first = threading.Thread(target=run, args=("first", 4000))
         first.start()
-        while sched.generating == 0:
+        while not order:
             time.sleep(0.005)
         threads = []
         for name in ("second", "third"):
             t = threading.Thread(target=run, args=(name, 5))
             t.start()
             threads.append(t)
-            deadline = time.monotonic() + 5
+            deadline = time.monotonic() + 30
             while sched.queued < len(threads) and time.monotonic() < deadline:
                 time.sleep(0.005)
         assert sched.queued == 2
@@ -265,9 +268,9 @@ def test_fifo_queue_and_429(daemon_factory) -> None:
         assert r.status_code == 429
         assert r.json()["code"] == "too_many_requests"
         assert int(r.headers["retry-after"]) >= 1
-        for t in threads:
-            t.join(60)
-        first.join(60)
+        release_first.set()
+        for t in [first, *threads]:
+            t.join(120)
     assert order == ["first", "second", "third"]
 
 

@@ -33,6 +33,21 @@ class GGUFInfo:
     eos_token: str | None = None
     split_count: int = 1  # split.count
     parameter_count: int | None = None  # general.parameter_count, if present
+    general_type: str | None = None  # general.type: "model", "adapter", "mmproj", "imatrix", ...
+    tensor_count: int | None = None  # tensors in this file (0 for a vocab-only file)
+    vocab_size: int | None = None  # entries in tokenizer.ggml.tokens
+    split_index: int | None = None  # split.no (0 for the first part of a split model)
+
+    @property
+    def kind(self) -> str:
+        """What the file holds: "model", or "mmproj" / "vocab" / "adapter" / ... (not runnable alone)."""
+        if self.architecture == "clip" or self.general_type in {"mmproj", "clip"}:
+            return "mmproj"
+        if self.general_type and self.general_type != "model":
+            return self.general_type
+        if self.tensor_count == 0 and self.split_count <= 1:
+            return "vocab"
+        return "model"
 
     def kv_bytes_per_token(self, bytes_per_value: int = 2) -> int | None:
         """KV-cache bytes one token costs (f16 cache), or None when the header lacks the facts."""

@@ -1,10 +1,14 @@
-"""The set of loaded models: load on demand, unload on request or when idle.
+"""The set of loaded models: load on demand, evict to fit, unload on request or when idle.
 
 `ModelManager` is the only owner of `LlamaModel` objects. Loads of one model
 are de-duplicated (concurrent callers wait for the same load); states follow
-PROFILE §3 (`available`, `loading`, `loaded`, `unloading`, `error`). A
-background reaper unloads models idle for longer than their keep-alive.
-Listeners are told about every state change (the tray redraws from them).
+PROFILE §3 (`available`, `loading`, `loaded`, `unloading`, `error`). Before a
+load, its `LoadPlan` is checked against the budget (at most N models, a share
+of RAM and of VRAM): least-recently-used idle models are unloaded to make
+room, a model with work in progress never is, and a load that cannot fit gets
+`507 insufficient_memory` saying what it needs and what is free. A reaper
+thread unloads models idle longer than their keep-alive. Listeners hear about
+every state change (the tray redraws from them).
 """
 
 from __future__ import annotations
@@ -16,23 +20,43 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from lmsp_tray.discovery.entry import ModelEntry
-from lmsp_tray.engine.model import LlamaModel, LoadOptions
-from lmsp_tray.engine.runtime import Runtime
-from lmsp_tray.errors import LMSPError, ModelLoadFailed
+from lmsp_tray.engine.model import LlamaModel, gpu_free
+from lmsp_tray.engine.plan import LoadOptions, LoadPlan, plan_load
+from lmsp_tray.engine.runtime import Runtime, physical_cores
+from lmsp_tray.errors import InsufficientMemory, LMSPError, ModelLoadFailed
 
 log = logging.getLogger("lmsp_tray.engine")
 
 AVAILABLE, LOADING, LOADED, UNLOADING, ERROR = "available", "loading", "loaded", "unloading", "error"
+DEFAULT = "default"  # keep-alive sentinel: the configured default
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """What loaded models may use together."""
+
+    max_models: int = 3
+    ram_bytes: int | None = None  # None: unlimited
+    vram_bytes: int | None = None
 
 
 @dataclass
 class _Record:
     state: str = AVAILABLE
     model: LlamaModel | None = None
+    plan: LoadPlan | None = None
     error: LMSPError | None = None
-    done: threading.Event = field(default_factory=threading.Event)
     keep_alive: float | None = None  # seconds idle before unloading; None: never
     last_used: float = field(default_factory=time.monotonic)
+
+    @property
+    def busy(self) -> bool:
+        sched = self.model.scheduler if self.model is not None else None
+        return self.state != LOADED or (sched is not None and sched.busy)
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB"
 
 
 class ModelManager:
@@ -41,14 +65,17 @@ class ModelManager:
         runtime: Runtime,
         options: LoadOptions,
         *,
+        budget: MemoryBudget | None = None,
         keep_alive: float | None = 300.0,
         reap_interval: float = 1.0,
     ) -> None:
         self._runtime = runtime
         self._options = options
+        self._budget = budget or MemoryBudget()
         self._default_keep_alive = keep_alive
         self._records: dict[str, _Record] = {}
         self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)  # notified on every state change
         self._listeners: list[Callable[[str, str], None]] = []
         self._closed = threading.Event()
         self._reaper = threading.Thread(target=self._reap, args=(reap_interval,), name="lmsp-reaper", daemon=True)
@@ -61,6 +88,7 @@ class ModelManager:
 
     def _set(self, model_id: str, record: _Record, state: str) -> None:
         record.state = state
+        self._changed.notify_all()
         for listener in list(self._listeners):
             try:
                 listener(model_id, state)
@@ -81,51 +109,97 @@ class ModelManager:
         with self._lock:
             return [r.model for r in self._records.values() if r.state == LOADED and r.model is not None]
 
+    def plan(self, entry: ModelEntry) -> LoadPlan:
+        return plan_load(entry, self._options, gpu_free_bytes=gpu_free(self._runtime), cores=physical_cores())
+
     # -- loading --------------------------------------------------------------------------------
-    def acquire(self, entry: ModelEntry, *, keep_alive: float | None | str = "default") -> LlamaModel:
+    def acquire(self, entry: ModelEntry, *, keep_alive: float | None | str = DEFAULT) -> LlamaModel:
         """The loaded model for `entry`, loading it first if needed (blocking)."""
         while True:
             with self._lock:
                 record = self._records.get(entry.id)
-                if record is None or record.state in (AVAILABLE, ERROR):
-                    record = _Record(keep_alive=self._default_keep_alive)
-                    self._records[entry.id] = record
-                    self._set(entry.id, record, LOADING)
-                    loader = True
-                elif record.state == LOADED and record.model is not None:
+                if record is not None and record.state in (LOADING, UNLOADING):
+                    # Someone else is loading or unloading it: wait for the outcome, then decide again.
+                    self._changed.wait_for(
+                        lambda: self._records.get(entry.id) is not record or record.state not in (LOADING, UNLOADING)
+                    )
+                    if self._records.get(entry.id) is record and record.state == ERROR and record.error:
+                        raise record.error
+                    continue
+                if record is not None and record.state == LOADED and record.model is not None:
                     self._touch(record, keep_alive)
                     return record.model
-                else:
-                    loader = False
-                    waiting_on = record
-            if loader:
-                return self._do_load(entry, record, keep_alive)
-            waiting_on.done.wait()
-            if waiting_on.state == ERROR and waiting_on.error is not None:
-                raise waiting_on.error
+                if not entry.ok:
+                    raise ModelLoadFailed(f"'{entry.id}' cannot be loaded: {entry.error or 'unreadable file'}")
+                plan = self.plan(entry)
+                victims = self._make_room(entry.id, plan)
+                record = _Record(plan=plan, keep_alive=self._default_keep_alive)
+                self._records[entry.id] = record
+                self._set(entry.id, record, LOADING)
+            for victim in victims:
+                log.info("unloading %s to make room for %s", victim, entry.id)
+                self.unload(victim, drain=True)
+            return self._do_load(entry, record, keep_alive)
+
+    def _make_room(self, model_id: str, plan: LoadPlan) -> list[str]:
+        """Idle models to unload (least recently used first) so `plan` fits; 507 when it cannot."""
+        budget = self._budget
+        for need, limit, kind in ((plan.ram_bytes, budget.ram_bytes, "memory"),
+                                  (plan.vram_bytes, budget.vram_bytes, "GPU memory")):
+            if limit is not None and need > limit:
+                raise InsufficientMemory(
+                    f"'{model_id}' needs about {_gb(need)} of {kind} (weights and a {plan.context_length}-token "
+                    f"context for {plan.parallel} sequence(s)); the budget for models is {_gb(limit)}. Lower "
+                    f"context_cap or parallel, or raise memory_budget_fraction in config.toml.",
+                    extra={"required_bytes": need, "available_bytes": limit},
+                )
+        others = [(mid, r) for mid, r in self._records.items() if r.state in (LOADING, LOADED) and r.plan]
+        ram = sum(r.plan.ram_bytes for _, r in others)  # type: ignore[union-attr]
+        vram = sum(r.plan.vram_bytes for _, r in others)  # type: ignore[union-attr]
+        count = len(others)
+        evictable = sorted((r.last_used, mid, r) for mid, r in others if not r.busy)
+        victims: list[str] = []
+
+        def fits() -> bool:
+            return (count < budget.max_models
+                    and (budget.ram_bytes is None or ram + plan.ram_bytes <= budget.ram_bytes)
+                    and (budget.vram_bytes is None or vram + plan.vram_bytes <= budget.vram_bytes))
+
+        while not fits() and evictable:
+            _, mid, r = evictable.pop(0)
+            victims.append(mid)
+            ram -= r.plan.ram_bytes  # type: ignore[union-attr]
+            vram -= r.plan.vram_bytes  # type: ignore[union-attr]
+            count -= 1
+        if not fits():
+            free = max(0, (budget.ram_bytes or 0) - ram)
+            raise InsufficientMemory(
+                f"'{model_id}' needs about {_gb(plan.ram_bytes)} of memory but only {_gb(free)} of the model "
+                f"budget is free and every loaded model ({count}, at most {budget.max_models}) is busy. "
+                f"Retry when a request finishes, or unload a model.",
+                extra={"required_bytes": plan.ram_bytes, "available_bytes": free},
+                headers={"Retry-After": "5"},
+            )
+        return victims
 
     def _touch(self, record: _Record, keep_alive: float | None | str) -> None:
         record.last_used = time.monotonic()
-        if keep_alive != "default":
+        if keep_alive != DEFAULT:
             record.keep_alive = keep_alive  # type: ignore[assignment]
 
     def _do_load(self, entry: ModelEntry, record: _Record, keep_alive: float | None | str) -> LlamaModel:
         try:
-            if not entry.ok:
-                raise ModelLoadFailed(f"'{entry.id}' cannot be loaded: {entry.error or 'unreadable file'}")
-            model = LlamaModel(self._runtime, entry, self._options)
+            model = LlamaModel(self._runtime, entry, self._options, record.plan)
         except LMSPError as exc:
             with self._lock:
                 record.error = exc
                 self._set(entry.id, record, ERROR)
-                record.done.set()
             raise
         with self._lock:
             record.model = model
             record.error = None
             self._touch(record, keep_alive)
             self._set(entry.id, record, LOADED)
-            record.done.set()
         return model
 
     def unload(self, model_id: str, *, drain: bool = True) -> bool:
@@ -168,7 +242,7 @@ class ModelManager:
                     if now - last >= record.keep_alive:
                         idle.append(model_id)
             for model_id in idle:
-                log.info("unloading %s after keep-alive", model_id)
+                log.info("unloading %s after its keep-alive", model_id)
                 self.unload(model_id, drain=True)
 
     def close(self) -> None:

