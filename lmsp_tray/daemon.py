@@ -35,6 +35,7 @@ from lmsp_tray.engine.plan import LoadOptions
 from lmsp_tray.engine.runtime import Runtime
 from lmsp_tray.http.app import create_app
 from lmsp_tray.http.auth_routes import Auth
+from lmsp_tray.http.security import MAX_HEADER_BYTES
 from lmsp_tray.pairing import PairingBroker
 from lmsp_tray.service import Service
 from lmsp_tray.store import Database, Housekeeper, LastUsedBatcher
@@ -43,7 +44,6 @@ from lmsp_tray.vault import SecretVault
 
 log = logging.getLogger("lmsp_tray.daemon")
 
-MAX_HEADER_BYTES = 32 * 1024  # request line + headers; h11 answers 400 past this, before any of it is kept
 
 
 class _Server(uvicorn.Server):
@@ -166,7 +166,7 @@ class Daemon:
             access_log=False,
             lifespan="off",
             ws="none",
-            http="h11",  # h11 bounds the request head (httptools does not)
+            http="h11",  # h11 bounds an unfinished request head (httptools does not); security checks the rest
             h11_max_incomplete_event_size=MAX_HEADER_BYTES,
             timeout_graceful_shutdown=5,
             server_header=False,

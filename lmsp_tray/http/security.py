@@ -23,7 +23,9 @@ request passes, in this order:
    before anything is read (`routes.read_json` also counts while reading,
    for chunked bodies).
 
-Header size is limited one layer down, by h11 (see `daemon`).
+0. **Header size** — over `MAX_HEADER_BYTES` in total or `MAX_HEADERS`
+   headers → ``400 invalid_request``. h11 (configured in `daemon`) also
+   stops buffering a request head that grows past the same size unfinished.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from lmsp_tray.errors import (
     ForbiddenHost,
     ForbiddenOrigin,
     InsufficientScope,
+    InvalidRequest,
     LMSPError,
     PayloadTooLarge,
     Unauthorized,
@@ -43,6 +46,8 @@ from lmsp_tray.errors import (
 from lmsp_tray.http.problems import send_problem
 from lmsp_tray.tokens import TokenManager, TokenRecord
 
+MAX_HEADER_BYTES = 32 * 1024
+MAX_HEADERS = 100
 PUBLIC = ""  # the scope value of endpoints anyone on the machine may call
 STATE_TOKEN = "lmsp_token"  # request.state key holding the caller's TokenRecord
 
@@ -151,6 +156,12 @@ class SecurityMiddleware:
             await self.app(scope, receive, send)
             return
         headers: list[tuple[bytes, bytes]] = scope["headers"]
+        size = sum(len(k) + len(v) + 4 for k, v in headers)
+        if size > MAX_HEADER_BYTES or len(headers) > MAX_HEADERS:
+            await send_problem(send, InvalidRequest(
+                f"The request headers are too large ({size} bytes in {len(headers)} headers); the limits are "
+                f"{MAX_HEADER_BYTES} bytes and {MAX_HEADERS} headers."))
+            return
         hosts = [v for k, v in headers if k == b"host"]
         if len(hosts) != 1 or not host_allowed(hosts[0].decode("latin-1").strip()):
             await send_problem(send, ForbiddenHost(
