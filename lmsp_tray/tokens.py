@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import re
 import secrets
 import threading
 import time
@@ -176,16 +177,22 @@ def check_scopes(scopes: Iterable[str], *, param: str = "scopes") -> tuple[str, 
     return tuple(s for s in SCOPES if s in wanted)
 
 
+# Characters a name shown in the tray and the terminal must not hold: controls, line breaks, invisible and
+# bidirectional formatting (which could disguise an app's name). Also the `pattern` in the OpenAPI document.
+NAME_FORBIDDEN = "\\u0000-\\u001f\\u007f-\\u009f\\u00ad\\u061c\\u180e\\u200b-\\u200f\\u2028-\\u202e\\u2060-\\u206f\\ufeff\\ufff9-\\ufffb"
+NAME_PATTERN = f"^[^{NAME_FORBIDDEN}]*$"
+_NAME = re.compile(NAME_PATTERN)
+
+
 def check_name(name: object, *, param: str = "name") -> str:
-    """A display name: 1–64 printable characters (it is shown in the tray and in `tokens list`)."""
+    """A display name: 1–64 characters, none of them control or invisible formatting characters."""
     if not isinstance(name, str):
-        raise InvalidRequest("'name' must be a string.", param=param)
-    clean = name.strip()
-    if not clean or len(clean) > MAX_NAME:
+        raise InvalidRequest(f"'{param}' must be a string.", param=param)
+    if not 1 <= len(name) <= MAX_NAME:
         raise InvalidRequest(f"'{param}' must be 1 to {MAX_NAME} characters.", param=param)
-    if not clean.isprintable():
-        raise InvalidRequest(f"'{param}' must not contain control characters.", param=param)
-    return clean
+    if not _NAME.fullmatch(name):
+        raise InvalidRequest(f"'{param}' must not contain control or invisible formatting characters.", param=param)
+    return name
 
 
 class TokenManager:

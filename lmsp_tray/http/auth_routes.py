@@ -110,6 +110,14 @@ async def deny_pairing(request: Request) -> Response:
     return JSON(view.to_json())
 
 
+async def tokens_endpoint(request: Request) -> Response:
+    return await (create_token(request) if request.method == "POST" else list_tokens(request))
+
+
+async def pairings_endpoint(request: Request) -> Response:
+    return await (create_pairing(request) if request.method == "POST" else list_pairings(request))
+
+
 # -- OpenAPI --------------------------------------------------------------------------------------
 async def openapi_document(request: Request) -> Response:
     """Built per request so the examples name a model that is really there."""
@@ -119,11 +127,9 @@ async def openapi_document(request: Request) -> Response:
 
 AUTH_ROUTES = [
     Route("/lmsp/v1/openapi.json", openapi_document, methods=["GET"]),
-    Route("/lmsp/v1/auth/tokens", list_tokens, methods=["GET"]),
-    Route("/lmsp/v1/auth/tokens", create_token, methods=["POST"]),
+    Route("/lmsp/v1/auth/tokens", tokens_endpoint, methods=["GET", "POST"]),
     Route("/lmsp/v1/auth/tokens/{token_id}/revoke", revoke_token, methods=["POST"]),
-    Route("/lmsp/v1/auth/pairings", list_pairings, methods=["GET"]),
-    Route("/lmsp/v1/auth/pairings", create_pairing, methods=["POST"]),
+    Route("/lmsp/v1/auth/pairings", pairings_endpoint, methods=["GET", "POST"]),
     Route("/lmsp/v1/auth/pairings/{pairing_id}", poll_pairing, methods=["GET"]),
     Route("/lmsp/v1/auth/pairings/{ref}/approve", approve_pairing, methods=["POST"]),
     Route("/lmsp/v1/auth/pairings/{ref}/deny", deny_pairing, methods=["POST"]),

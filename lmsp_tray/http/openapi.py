@@ -15,7 +15,7 @@ from typing import Any
 
 from lmsp_tray import __version__
 from lmsp_tray.protocol.requests import ResponseCreate
-from lmsp_tray.tokens import SCOPES
+from lmsp_tray.tokens import MAX_NAME, NAME_PATTERN, SCOPES
 
 REF = "#/components/schemas/"
 PROBLEM_JSON = "application/problem+json"
@@ -37,6 +37,8 @@ def _obj(required: dict[str, Any], optional: dict[str, Any] | None = None) -> di
 STR, INT, BOOL = {"type": "string"}, {"type": "integer"}, {"type": "boolean"}
 SCOPE = {"type": "string", "enum": list(SCOPES)}
 SCOPE_LIST = {"type": "array", "items": SCOPE, "minItems": 1}
+NAME = {"type": "string", "minLength": 1, "maxLength": MAX_NAME, "pattern": NAME_PATTERN,
+        "description": "Shown in the tray: no control or invisible formatting characters."}
 VERSION_HEADER = {"LMSP-Version": {"description": "Always 1.0.", "required": True, "schema": {"const": "1.0"}}}
 AUTH_HEADER = {"WWW-Authenticate": {"required": True, "schema": STR}}
 
@@ -73,9 +75,11 @@ def _json(description: str, schema: dict[str, Any], **extra: Any) -> dict[str, A
             "content": {"application/json": {"schema": schema}}, **extra}
 
 
-def _body(schema: dict[str, Any], example: Any = None) -> dict[str, Any]:
+def _body(schema: dict[str, Any], example: Any = None, **more: Any) -> dict[str, Any]:
     media: dict[str, Any] = {"schema": schema}
-    if example is not None:
+    if more:
+        media["examples"] = {"default": {"value": example}, **{k: {"value": v} for k, v in more.items()}}
+    elif example is not None:
         media["example"] = example
     return {"required": True, "content": {"application/json": media}}
 
@@ -155,14 +159,12 @@ def _schemas() -> dict[str, Any]:
         }),
         "Token": token,
         "TokenList": _obj({"object": {"const": "list"}, "data": {"type": "array", "items": _ref("Token")}}),
-        "TokenCreate": {**_obj({"name": {"type": "string", "minLength": 1, "maxLength": 64}, "scopes": SCOPE_LIST}),
-                        "additionalProperties": True},
+        "TokenCreate": _obj({"name": NAME, "scopes": SCOPE_LIST}),
         "TokenCreated": {"allOf": [_ref("Token"), _obj({"secret": {"type": "string", "pattern": "^lmsp_"},
                                                         "in_keyring": BOOL})]},
         "Pairing": pairing,
         "PairingList": _obj({"object": {"const": "list"}, "data": {"type": "array", "items": _ref("Pairing")}}),
-        "PairingCreate": _obj({"app_name": {"type": "string", "minLength": 1, "maxLength": 64},
-                               "scopes": SCOPE_LIST}),
+        "PairingCreate": _obj({"app_name": NAME, "scopes": SCOPE_LIST}),
         "PairingCreated": {"allOf": [_ref("Pairing"), _obj({"poll_token": STR, "poll_url": STR})]},
         "PairingPoll": {"allOf": [_ref("Pairing"), {"type": "object", "properties": {
             "token": {"type": "string", "pattern": "^lmsp_",
@@ -244,7 +246,7 @@ def build_openapi(example_model: str | None = None) -> dict[str, Any]:
             params=[model_param], problems=("404",))},
         "/lmsp/v1/responses": {"post": _op(
             "Generate a response (sync or streamed).", "responses:create", {"200": response_ok},
-            body=_body(_ref("ResponseCreate"), response_example), problems=("404", "409", "422", "429", "503", "507"))},
+            body=_body(_ref("ResponseCreate"), response_example, stream={**response_example, "stream": True}), problems=("404", "409", "422", "429", "503", "507"))},
         "/lmsp/v1/auth/tokens": {
             "get": _op("List tokens (never their secrets).", "tokens:manage",
                        {"200": _json("The tokens, revoked ones too.", _ref("TokenList"))}),
