@@ -11,6 +11,7 @@ import pytest
 
 from gguf_factory import write_tiny_gguf
 from support import LiveDaemon, start_daemon
+from secret_audit import secret_audit  # noqa: F401 — autouse: no issued secret in any file the run wrote
 
 
 @pytest.fixture(scope="session")
