@@ -2,7 +2,9 @@
 
 Nothing else in the package constructs long-lived objects. `Daemon` builds
 the llama.cpp runtime, the catalog, the model manager and the service from
-`Paths` and `Config`, runs uvicorn on loopback (in the foreground for
+`Paths` and `Config`, opens the store (token metadata; its housekeeper
+writes token last-used times), makes sure an owner token exists (`auth`:
+tokens and pairings, also used by the tray), runs uvicorn on loopback (in the foreground for
 `serve`, or on a background thread under the tray), writes the discovery
 file once the socket is bound and removes it on exit. SIGTERM/SIGINT or
 Quit: stop accepting, end open streams with a terminal event, unload models.
@@ -34,9 +36,8 @@ from lmsp_tray.engine.manager import MemoryBudget, ModelManager
 from lmsp_tray.engine.plan import LoadOptions
 from lmsp_tray.engine.runtime import Runtime
 from lmsp_tray.http.app import create_app
-from lmsp_tray.http.auth_routes import Auth
 from lmsp_tray.http.security import MAX_HEADER_BYTES
-from lmsp_tray.pairing import PairingBroker
+from lmsp_tray.pairing import Auth, PairingBroker
 from lmsp_tray.service import Service
 from lmsp_tray.store import Database, Housekeeper, LastUsedBatcher
 from lmsp_tray.tokens import StoreTokenRepository, TokenManager, TokenRepository

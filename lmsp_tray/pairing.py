@@ -286,3 +286,16 @@ class PairingBroker:
                     listener(view)
                 except Exception:  # noqa: BLE001 — a broken listener must not break pairing
                     log.exception("pairing listener failed")
+
+
+@dataclass(frozen=True)
+class Auth:
+    """Tokens and pairings together: what the HTTP layer and the tray backend are given by the daemon.
+
+    For the tray: ``auth.tokens.owner_secret`` (the token to hand the user), ``auth.tokens.keyring_problem``
+    (a sentence to show when the keyring is unavailable, else None), ``auth.pairings.pending_pairings()``,
+    ``approve(id_or_code)``, ``deny(id_or_code)`` and ``add_listener(fn)`` for notifications.
+    """
+
+    tokens: TokenManager
+    pairings: PairingBroker

@@ -43,7 +43,7 @@ from lmsp_tray.errors import (
 )
 from lmsp_tray.protocol.events import Event, ResponseAssembler
 from lmsp_tray.protocol.requests import FunctionCall, FunctionCallOutput, Message, ResponseRequest
-from lmsp_tray.tokens import SCOPES  # noqa: F401 — the scope list lives with the tokens
+from lmsp_tray.tokens import SCOPES
 
 log = logging.getLogger("lmsp_tray.service")
 

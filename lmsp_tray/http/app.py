@@ -7,10 +7,11 @@ from typing import Any
 from starlette.applications import Starlette
 
 from lmsp_tray.errors import UnsupportedVersion
-from lmsp_tray.http.auth_routes import AUTH_ROUTES, Auth
+from lmsp_tray.http.auth_routes import AUTH_ROUTES
 from lmsp_tray.http.problems import EXCEPTION_HANDLERS, send_problem
 from lmsp_tray.http.routes import ROUTES
 from lmsp_tray.http.security import SecurityMiddleware, SecurityPolicy
+from lmsp_tray.pairing import Auth
 from lmsp_tray.service import Service
 
 

@@ -12,7 +12,6 @@ paired token.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -23,16 +22,8 @@ from lmsp_tray.errors import InvalidRequest, Unauthorized
 from lmsp_tray.http.openapi import build_openapi
 from lmsp_tray.http.routes import JSON, read_json
 from lmsp_tray.http.security import REALM, bearer
-from lmsp_tray.pairing import PairingBroker
-from lmsp_tray.tokens import TokenManager, token_object
-
-
-@dataclass
-class Auth:
-    """What the auth endpoints (and the tray backend) work with: tokens and pairings."""
-
-    tokens: TokenManager
-    pairings: PairingBroker
+from lmsp_tray.pairing import Auth
+from lmsp_tray.tokens import token_object
 
 
 def _auth(request: Request) -> Auth:
