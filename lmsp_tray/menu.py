@@ -179,6 +179,14 @@ def activity_for(models: "tuple[ModelView, ...] | list[ModelView]", *, failed: b
     return IDLE
 
 
+_URGENCY = {IDLE: 0, SERVING: 1, LOADING: 2, ERROR: 3}
+
+
+def most_urgent(*activities: str) -> str:
+    """The activity the icon should show when several apply (error > loading > serving > idle)."""
+    return max(activities, key=lambda a: _URGENCY.get(a, 0), default=IDLE)
+
+
 def tooltip(state: TrayState) -> str:
     """The icon's hover text: name, what it is doing, where it listens."""
     loaded = state.loaded_count

@@ -42,8 +42,10 @@ from lmsp_tray.menu import (
     Action,
     MenuItemSpec,
     TrayState,
+    activity_for,
     build_menu,
     clean_text,
+    most_urgent,
     short_reason,
     tooltip,
 )
@@ -390,15 +392,17 @@ class TrayApp:
             return dataclasses.replace(previous, notice=f"service not answering: {short_reason(exc)}", activity=ERROR)
 
     def _overlay(self, state: TrayState) -> TrayState:
-        """Add the last failed action (for FAILURE_SECONDS) to the backend's state."""
+        """The backend's state plus what the tray knows: the activity its models imply, and
+        the last failed action (for FAILURE_SECONDS)."""
         with self._lock:
             failure = self._failure
             if failure is not None and time.monotonic() > failure[1]:
                 self._failure = failure = None
-        if failure is None:
+        activity = most_urgent(state.activity, activity_for(state.models, failed=failure is not None))
+        notice = state.notice or (failure[0] if failure is not None else None)
+        if activity == state.activity and notice == state.notice:
             return state
-        notice = state.notice or failure[0]
-        return dataclasses.replace(state, notice=notice, activity=ERROR)
+        return dataclasses.replace(state, notice=notice, activity=activity)
 
     def menu_specs(self) -> list[MenuItemSpec]:
         return build_menu(self.state)

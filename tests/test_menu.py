@@ -208,3 +208,12 @@ def test_too_many_models_are_capped():
     many = tuple(ModelView(f"m{i}", 1) for i in range(130))
     sub = find_item(build_menu(TrayState(models=many)), "Models").submenu
     assert len(sub) == 101 and sub[-1].text == "30 more not shown (see GET /models)"
+
+
+def test_most_urgent():
+    from lmsp_tray.menu import most_urgent
+
+    assert most_urgent(IDLE, SERVING) == SERVING
+    assert most_urgent(SERVING, LOADING, IDLE) == LOADING
+    assert most_urgent(LOADING, ERROR) == ERROR
+    assert most_urgent() == IDLE
