@@ -120,6 +120,11 @@ def desktop_exec(argv: Sequence[str]) -> str:
     return " ".join(words).replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
 
 
+def desktop_string(value: str) -> str:
+    """A plain string value for a .desktop file (TryExec=, Name=...): escapes only, no quoting."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+
+
 def parse_desktop_exec(value: str) -> list[str]:
     """The argv an Exec= value (as written in the file) stands for; inverse of `desktop_exec`."""
     unescaped, i = [], 0
@@ -210,7 +215,7 @@ class XDGAutostart:
             f"Exec={desktop_exec(command)}",
         ]
         if os.path.isabs(command[0]):
-            lines.append(f"TryExec={desktop_exec(command[:1])}")
+            lines.append(f"TryExec={desktop_string(command[0])}")  # a path, not an Exec command line
         lines += [
             "Icon=lmsp-tray",
             "Terminal=false",

@@ -147,8 +147,12 @@ def test_a_desktop_launcher_runs_exactly_the_registered_argv(tmp_path):
 
     marker = tmp_path / "out dir" / "argv.txt"
     marker.parent.mkdir()
+    # The program itself sits in a folder with a space (TryExec= and Exec= must both find it).
+    bindir = tmp_path / "My Programs"
+    bindir.mkdir()
+    (bindir / "py thon").symlink_to(sys.executable)
     code = "import sys, json; open(sys.argv[1], 'w').write(json.dumps(sys.argv[2:]))"
-    argv = [sys.executable, "-c", code, str(marker), *TRICKY[1:]]
+    argv = [str(bindir / "py thon"), "-c", code, str(marker), *TRICKY[1:]]
     auto = Autostart(XDGAutostart(tmp_path / "cfg"))
     auto.enable(argv)
     info = Gio.DesktopAppInfo.new_from_filename(auto.status().location)
