@@ -12,8 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from lmsp_tray.autostart import LaunchAgent
 
 ROOT = Path(__file__).resolve().parent.parent

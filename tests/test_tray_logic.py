@@ -18,17 +18,8 @@ import pytest
 
 from lmsp_tray.errors import ModelLoadFailed
 from lmsp_tray.menu import Action, ModelView, PairingView, TrayState, build_menu
-from lmsp_tray.tray import (
-    Clipboard,
-    ClipboardError,
-    TrayApp,
-    TrayUnavailable,
-    default_icon_size,
-    display_available,
-    gtk_status_icon_size,
-    headless_message,
-    pystray_menu,
-)
+from lmsp_tray.desktop import Clipboard, ClipboardError, display_available, headless_message, open_folder
+from lmsp_tray.tray import TrayApp, TrayUnavailable, default_icon_size, gtk_status_icon_size, pystray_menu
 
 ROOT = Path(__file__).resolve().parent.parent
 URL = "http://127.0.0.1:7373/lmsp/v1"
@@ -206,6 +197,26 @@ def test_real_clipboard_tool_when_installed():
     if tool is None or not os.environ.get("DISPLAY"):
         pytest.skip("no xclip/xsel with a display here (the Xvfb test covers the GTK clipboard)")
     assert Clipboard().copy("hello") == tool
+
+
+def test_open_folder_runs_the_file_manager_or_says_where_it_is(tmp_path, monkeypatch):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    monkeypatch.setenv("PATH", str(bindir))
+    with pytest.raises(FileNotFoundError, match="the folder is /srv/models"):
+        open_folder(Path("/srv/models"), platform="linux")
+    record = tmp_path / "opened.txt"
+    tool = bindir / "xdg-open"
+    tool.write_text(f"#!/bin/sh\nprintf '%s' \"$1\" > '{record}'\n")
+    tool.chmod(0o755)
+    open_folder(tmp_path / "my models", platform="linux")
+    import time
+
+    for _ in range(200):
+        if record.exists():
+            break
+        time.sleep(0.05)
+    assert record.read_text() == str(tmp_path / "my models")
 
 
 # -- menu translation ------------------------------------------------------------------------------
