@@ -447,6 +447,8 @@ class TrayApp:
         Returns 0 after Quit or `stop()`; calls `backend.quit()` after a Quit.
         """
         self._poller = threading.Thread(target=self._poll_loop, name="tray-poll", daemon=True)
+        if self.handle_signals and self.toolkit not in GTK_BACKENDS:
+            self._install_signal_handlers()
         try:
             self.icon.run(setup=self._setup)
         except Exception as exc:  # noqa: BLE001
@@ -468,7 +470,7 @@ class TrayApp:
 
     def _setup(self, icon: Any) -> None:
         icon.visible = True
-        if self.handle_signals:
+        if self.handle_signals and self.toolkit in GTK_BACKENDS:
             self._install_signal_handlers()
         self._watch_panel_size()
         assert self._poller is not None
@@ -486,7 +488,13 @@ class TrayApp:
             log.debug("ignored error while stopping the tray: %s", exc)
 
     def _install_signal_handlers(self) -> None:
-        """SIGTERM/SIGINT end the loop cleanly (a GTK loop would otherwise never run Python handlers)."""
+        """SIGTERM/SIGINT/SIGHUP end the loop cleanly.
+
+        On GTK they are watched by the GLib loop (Python handlers would not run
+        while it sits in C); this runs in pystray's setup thread, after pystray
+        reset SIGINT. Elsewhere plain Python handlers are set from `run()` on
+        the main thread.
+        """
         if self.toolkit in GTK_BACKENDS:
             try:
                 from gi.repository import GLib  # noqa: PLC0415
@@ -497,10 +505,10 @@ class TrayApp:
                 log.debug("no GLib signal handlers: %s", exc)
             return
         if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGTERM, signal.SIGINT):
+            for name in ("SIGTERM", "SIGINT"):
                 try:
-                    signal.signal(signum, lambda *_: self.stop())
-                except (ValueError, OSError):
+                    signal.signal(getattr(signal, name), lambda *_: self.stop())
+                except (AttributeError, ValueError, OSError):
                     pass
 
     def _on_signal(self, signum: int) -> bool:

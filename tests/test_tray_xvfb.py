@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 
 from lmsp_tray.icons import COLOURS
-from xvfb import ROOT, XSession, missing_tools, wait_for
+from lmsp_tray.menu import ModelView, TrayState, build_menu
+from xvfb import ROOT, XSession, missing_tools, spec_keys, wait_for
 
 pytestmark = pytest.mark.skipif(bool(missing_tools()), reason=f"needs {', '.join(missing_tools())}")
 
@@ -199,6 +200,25 @@ class Tray:
         return "\n".join(parts)
 
 
+def shown(items: list[dict]) -> list:
+    """The dumped Gtk menu as (text, sensitive, checked, submenu) tuples."""
+    return [("---",) if i.get("separator") else
+            (i["text"], i["sensitive"], i["checked"], shown(i["submenu"]) if "submenu" in i else None) for i in items]
+
+
+def as_shown(specs) -> list:
+    """What pystray's gtk backend should show for `specs`."""
+    out = []
+    for s in specs:
+        if s.separator:
+            out.append(("---",))
+        elif s.submenu is not None:
+            out.append((s.text, s.enabled, s.checked, as_shown(s.submenu)))
+        else:
+            out.append((s.text, s.enabled and s.action is not None, s.checked, None))
+    return out
+
+
 @pytest.fixture
 def tray_factory(xsession, tmp_path):
     trays: list[Tray] = []
@@ -228,6 +248,11 @@ def test_icon_appears_menu_opens_click_loads_and_unloads_quit_exits_0(tray_facto
     assert tray.icon_colour_share(shot, "idle") > 0.3, "the idle (blue) icon is not visible in the tray"
     status = tray.wait_item(URL)
     assert status["text"] == f"{URL} \u2014 0 of 3 models loaded"
+    # The Gtk menu is exactly the pure model's menu for this state.
+    expected = build_menu(TrayState(url=URL, models=tuple(ModelView(m["id"], m["size_bytes"], m.get("quantization"))
+                                                          for m in MODELS), token_available=True))
+    assert shown(tray.menu()["items"]) == as_shown(expected)
+    assert tray.keys_to("Models", "tiny-a") == spec_keys(expected, "Models", "tiny-a")
 
     tray.open_menu()
     assert xsession.popup_windows()[0].width > 150

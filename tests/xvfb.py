@@ -55,6 +55,31 @@ def wait_for(check: Callable[[], T], timeout: float, what: str, interval: float 
         time.sleep(interval)
 
 
+def spec_selectable(spec) -> bool:
+    """Whether keyboard navigation stops at this `MenuItemSpec` in the real menu (as pystray builds it)."""
+    if spec.separator:
+        return False
+    return spec.enabled if spec.submenu is not None else spec.enabled and spec.action is not None
+
+
+def spec_keys(specs, *path: str) -> list[str]:
+    """xdotool keys that walk an open Gtk menu built from `specs` to the item `path` (text prefixes).
+
+    Nothing is selected when the menu opens, so the first Down selects the first selectable
+    item; Right opens a submenu and selects its first item. Press Return afterwards.
+    """
+    keys: list[str] = []
+    items = list(specs)
+    for depth, prefix in enumerate(path):
+        selectable = [s for s in items if spec_selectable(s)]
+        index = next(n for n, s in enumerate(selectable) if s.text.startswith(prefix))
+        keys += ["Down"] * (index + 1 if depth == 0 else index)
+        items = list(selectable[index].submenu or ())
+        if depth < len(path) - 1:
+            keys.append("Right")
+    return keys
+
+
 @dataclass(frozen=True)
 class Geometry:
     x: int
