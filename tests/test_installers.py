@@ -171,3 +171,28 @@ def test_inno_setup_script():
             if line.lstrip().startswith(";"):
                 continue
             assert "ValueType: none" in line and "uninsdeletevalue" in line
+
+
+def test_linux_install_with_prefix_puts_everything_under_it(tmp_path):
+    """--prefix layout (package only: LMSP_TRAY_PIP_ARGS=--no-deps keeps this quick)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    prefix = tmp_path / "pfx"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "VIRTUAL_ENV", "PYTHON"))}
+    env.update(HOME=str(home), PATH="/usr/local/bin:/usr/bin:/bin", LMSP_TRAY_PIP_ARGS="--no-deps")
+    cache = subprocess.run([sys.executable, "-m", "pip", "cache", "dir"], capture_output=True, text=True).stdout.strip()
+    if cache:
+        env["PIP_CACHE_DIR"] = cache
+    out = subprocess.run(["sh", str(LINUX / "install.sh"), "--python", pick_python(), "--prefix", str(prefix),
+                          "--systemd"], env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout + out.stderr
+    program = prefix / "share" / "lmsp-tray" / "venv" / "bin" / "lmsp-tray"
+    assert program.is_file()
+    assert (prefix / "bin" / "lmsp-tray").resolve() == program.resolve()
+    assert f"Exec={program}" in (prefix / "share" / "applications" / "lmsp-tray.desktop").read_text()
+    assert (prefix / "config" / "systemd" / "user" / "lmsp-tray.service").is_file()
+    assert "not enabling the unit" in out.stdout
+    assert sorted(p.name for p in home.iterdir()) in ([], [".cache"])  # nothing else lands in HOME
+    gone = subprocess.run(["sh", str(LINUX / "uninstall.sh"), "--prefix", str(prefix)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert gone.returncode == 0 and not program.exists() and not (prefix / "bin" / "lmsp-tray").exists()
