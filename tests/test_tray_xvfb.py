@@ -168,12 +168,18 @@ class Tray:
         wait_for(lambda: not self.menu().get("open"), TIMEOUT, "the menu to close")
 
     def icon_colour_share(self, shot: Path, activity: str) -> float:
-        """Share of the icon window's pixels in the tile colour of `activity`."""
+        """Share of the icon window's pixels in the tile colour of `activity`.
+
+        Also saves the icon's surroundings, enlarged 4x, next to the screenshot (`*-zoom.png`).
+        """
         from PIL import Image
 
         geo = self.x.geometry(self.icon_window())
         with Image.open(shot) as image:
             crop = image.convert("RGB").crop(geo.box())
+            around = image.convert("RGB").crop(geo.box(pad=8))
+        around.resize((around.width * 4, around.height * 4), Image.Resampling.NEAREST).save(
+            shot.with_name(shot.stem + "-zoom.png"))
         fill = COLOURS[activity][0]
         raw = crop.tobytes()
         pixels = [tuple(raw[i:i + 3]) for i in range(0, len(raw), 3)]
