@@ -1,0 +1,384 @@
+"""The real tray under Xvfb with the trayer tray host and pystray's gtk backend.
+
+Each test starts `tests/tray_runner.py` (the real `TrayApp` over a scripted
+test backend) in its own process, finds the icon that trayer embedded,
+right-clicks it with xdotool, walks the real Gtk menu with the keyboard and
+checks what happened: the backend's event log, the widgets' own labels and
+check marks (dumped by the runner), the icon's pixels in screenshots, the
+clipboard as another X client reads it, and notifications received by a
+real D-Bus notification server. Screenshots go to `test-artifacts/`.
+
+The test backend is a stand-in until the daemon lands; the daemon-backed test
+(load through the menu, checked with GET /models) replaces the first test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lmsp_tray.icons import COLOURS
+from lmsp_tray.menu import ModelView, TrayState, build_menu
+from xvfb import ROOT, XSession, missing_tools, spec_keys, wait_for
+
+pytestmark = pytest.mark.skipif(bool(missing_tools()), reason=f"needs {', '.join(missing_tools())}")
+
+URL = "http://127.0.0.1:7373/lmsp/v1"
+SECRET = "lmsp_sk_TEST_0123456789abcdefSECRET"
+MODELS = [
+    {"id": "tiny-a", "size_bytes": 524_288, "quantization": "F32"},
+    {"id": "gemma-3:270m-q4_k_m", "size_bytes": 253_112_000, "quantization": "Q4_K_M"},
+    {"id": "broken", "size_bytes": 1200},
+]
+TIMEOUT = 30
+
+
+@pytest.fixture(scope="module")
+def xsession():
+    try:
+        import gi  # noqa: F401
+    except ImportError:
+        pytest.skip("needs PyGObject")
+    with XSession() as session:
+        yield session
+
+
+class Tray:
+    """One tray process and what it reports."""
+
+    def __init__(self, x: XSession, tmp: Path, *, bus: str, gate: bool = False) -> None:
+        self.x = x
+        self.dir = tmp / "state"
+        self.dir.mkdir()
+        self.home = tmp / "home"
+        self.home.mkdir()
+        setup = {"url": URL, "token": SECRET, "gate": gate, "models": MODELS,
+                 "fail": {"broken": "not a GGUF file (bad magic b'PK\\x03\\x04')\nTraceback: should not show"}}
+        (self.dir / "setup.json").write_text(json.dumps(setup))
+        env = x.env
+        env.update(PYSTRAY_BACKEND="gtk", HOME=str(self.home), PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+        env.pop("XDG_CONFIG_HOME", None)
+        runner = [sys.executable, str(ROOT / "tests" / "tray_runner.py"), str(self.dir)]
+        self.notifications = self.dir / "notifications.jsonl"
+        if bus == "none":
+            env["DBUS_SESSION_BUS_ADDRESS"] = "disabled:"
+            argv = runner
+        else:
+            env.pop("DBUS_SESSION_BUS_ADDRESS", None)
+            script = 'exec "$@"'
+            if bus == "notifications":
+                script = ('"$0" tests/notify_server.py "$NOTIFY_OUT" & '
+                          'while [ ! -e "$NOTIFY_OUT.ready" ]; do sleep 0.05; done; exec "$@"')
+                env["NOTIFY_OUT"] = str(self.notifications)
+            argv = ["dbus-run-session", "--", "sh", "-c", script, sys.executable, *runner]
+        self.output = self.dir / "output.txt"
+        self._out = self.output.open("w")
+        self.proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=self._out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.started = time.monotonic()
+
+    # -- observing --------------------------------------------------------------------------------
+    def menu(self) -> dict:
+        try:
+            return json.loads((self.dir / "menu.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def events(self) -> list[dict]:
+        try:
+            lines = (self.dir / "events.jsonl").read_text().splitlines()
+        except OSError:
+            return []
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def wait_event(self, event: str, arg: object = None) -> dict:
+        def found():
+            return next((e for e in self.events() if e["event"] == event and (arg is None or e["arg"] == arg)), None)
+        return wait_for(found, TIMEOUT, f"backend event {event} {arg or ''}")
+
+    def item(self, *path: str, menu: dict | None = None) -> dict | None:
+        items = (menu or self.menu()).get("items", [])
+        entry = None
+        for prefix in path:
+            entry = next((i for i in items if not i.get("separator") and i["text"].startswith(prefix)), None)
+            if entry is None:
+                return None
+            items = entry.get("submenu", [])
+        return entry
+
+    def wait_item(self, *path: str, check=lambda item: True, what: str = "") -> dict:
+        return wait_for(lambda: (lambda i: i if i is not None and check(i) else None)(self.item(*path)),
+                        TIMEOUT, what or f"menu item {' > '.join(path)}")
+
+    # -- acting -----------------------------------------------------------------------------------
+    def icon_window(self) -> int:
+        return wait_for(self.x.tray_icons, TIMEOUT, "the tray icon to be embedded")[0]
+
+    def open_menu(self) -> None:
+        assert not self.menu().get("open")
+        self.x.click(self.icon_window(), 3)
+        wait_for(lambda: self.menu().get("open"), TIMEOUT, "the menu to open")
+        wait_for(self.x.popup_windows, TIMEOUT, "the menu window to be mapped")
+        time.sleep(0.2)  # let the pointer/keyboard grab settle before typing
+
+    def keys_to(self, *path: str) -> list[str]:
+        """Keys that select `path` in the open menu (insensitive items and separators are skipped)."""
+        keys: list[str] = []
+        items = self.menu()["items"]
+        for depth, prefix in enumerate(path):
+            selectable = [i for i in items if not i.get("separator") and i["sensitive"]]
+            index = next(n for n, i in enumerate(selectable) if i["text"].startswith(prefix))
+            # At the top nothing is selected yet; entering a submenu selects its first item.
+            keys += ["Down"] * (index + 1 if depth == 0 else index)
+            items = selectable[index].get("submenu", [])
+            if depth < len(path) - 1:
+                keys.append("Right")
+        return keys
+
+    def choose(self, *path: str, screenshot: str | None = None, closes: bool = True) -> None:
+        self.open_menu()
+        keys = self.keys_to(*path)
+        self.x.keys(*keys)
+        if screenshot:
+            time.sleep(0.3)
+            self.x.screenshot(screenshot)
+        self.x.keys("Return")
+        if closes:
+            wait_for(lambda: not self.menu().get("open"), TIMEOUT, "the menu to close")
+
+    def show(self, *path: str, screenshot: str) -> None:
+        """Open the menu, walk to `path` (submenus open), screenshot, close it again."""
+        self.open_menu()
+        keys = self.keys_to(*path)
+        self.x.keys(*(keys + ["Right"] if self.item(*path).get("submenu") is not None else keys))
+        time.sleep(0.3)
+        self.x.screenshot(screenshot)
+        for _ in range(len(path) + 1):
+            if not self.menu().get("open"):
+                break
+            self.x.keys("Escape")
+            time.sleep(0.2)
+        wait_for(lambda: not self.menu().get("open"), TIMEOUT, "the menu to close")
+
+    def icon_colour_share(self, shot: Path, activity: str) -> float:
+        """Share of the icon window's pixels in the tile colour of `activity`.
+
+        Also saves the icon's surroundings, enlarged 4x, next to the screenshot (`*-zoom.png`).
+        """
+        from PIL import Image
+
+        geo = self.x.geometry(self.icon_window())
+        with Image.open(shot) as image:
+            crop = image.convert("RGB").crop(geo.box())
+            around = image.convert("RGB").crop(geo.box(pad=8))
+        around.resize((around.width * 4, around.height * 4), Image.Resampling.NEAREST).save(
+            shot.with_name(shot.stem + "-zoom.png"))
+        fill = COLOURS[activity][0]
+        raw = crop.tobytes()
+        pixels = [tuple(raw[i:i + 3]) for i in range(0, len(raw), 3)]
+        return sum(1 for p in pixels if p == fill) / len(pixels)
+
+    def wait_exit(self) -> int:
+        try:
+            return self.proc.wait(TIMEOUT)
+        finally:
+            self._out.close()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # our own session only
+            self.proc.wait(10)
+        self._out.close()
+
+    def text_written(self) -> str:
+        parts = [self.output.read_text(errors="replace")]
+        for name in ("tray.log", "menu.json", "events.jsonl"):
+            path = self.dir / name
+            if path.exists():
+                parts.append(path.read_text(errors="replace"))
+        return "\n".join(parts)
+
+
+def shown(items: list[dict]) -> list:
+    """The dumped Gtk menu as (text, sensitive, checked, submenu) tuples."""
+    return [("---",) if i.get("separator") else
+            (i["text"], i["sensitive"], i["checked"], shown(i["submenu"]) if "submenu" in i else None) for i in items]
+
+
+def as_shown(specs) -> list:
+    """What pystray's gtk backend should show for `specs`."""
+    out = []
+    for s in specs:
+        if s.separator:
+            out.append(("---",))
+        elif s.submenu is not None:
+            out.append((s.text, s.enabled, s.checked, as_shown(s.submenu)))
+        else:
+            out.append((s.text, s.enabled and s.action is not None, s.checked, None))
+    return out
+
+
+@pytest.fixture
+def tray_factory(xsession, tmp_path):
+    trays: list[Tray] = []
+
+    def start(**kwargs) -> Tray:
+        tray = Tray(xsession, tmp_path, **kwargs)
+        trays.append(tray)
+        return tray
+
+    yield start
+    for tray in trays:
+        tray.close()
+        if tray.output.exists():
+            print(f"--- tray output ---\n{tray.output.read_text()[-3000:]}")
+
+
+def test_icon_appears_menu_opens_click_loads_and_unloads_quit_exits_0(tray_factory, xsession):
+    # A session bus without a notification daemon: the pystray clean-up gotcha is on this path.
+    tray = tray_factory(bus="session", gate=True)
+    window = tray.icon_window()
+    print(f"icon embedded after {time.monotonic() - tray.started:.2f} s")
+    wait_for(lambda: tray.menu().get("embedded"), TIMEOUT, "Gtk to report the icon embedded")
+    assert tray.menu()["toolkit"] == "gtk"
+    geo = xsession.geometry(window)
+    assert geo.width >= 16 and geo.height >= 16
+    shot = xsession.screenshot("tray-icon-idle.png")
+    assert tray.icon_colour_share(shot, "idle") > 0.3, "the idle (blue) icon is not visible in the tray"
+    status = tray.wait_item(URL)
+    assert status["text"] == f"{URL} \u2014 0 of 3 models loaded"
+    # The Gtk menu is exactly the pure model's menu for this state.
+    expected = build_menu(TrayState(url=URL, models=tuple(ModelView(m["id"], m["size_bytes"], m.get("quantization"))
+                                                          for m in MODELS), token_available=True))
+    assert shown(tray.menu()["items"]) == as_shown(expected)
+    assert tray.keys_to("Models", "tiny-a") == spec_keys(expected, "Models", "tiny-a")
+
+    tray.open_menu()
+    assert xsession.popup_windows()[0].width > 150
+    xsession.screenshot("tray-menu-open.png")
+    xsession.keys("Escape")
+    wait_for(lambda: not tray.menu().get("open"), TIMEOUT, "the menu to close")
+
+    # Click the model: it loads (on a worker thread, showing "Loading…" and the loading icon).
+    tray.choose("Models", "tiny-a", screenshot="tray-menu-models.png")
+    start = tray.wait_event("load_start", "tiny-a")
+    assert start["thread"].startswith("tray-"), "a model load ran on the GUI thread"
+    loading = tray.wait_item("Models", "tiny-a", check=lambda i: i["text"].endswith("Loading\u2026"))
+    assert loading["sensitive"] is False
+    tray.show("Models", screenshot="tray-menu-loading.png")
+    wait_for(lambda: tray.menu().get("activity") == "loading", TIMEOUT, "the loading icon")
+    time.sleep(0.3)
+    shot = xsession.screenshot("tray-icon-loading.png")
+    assert tray.icon_colour_share(shot, "loading") > 0.3
+    (tray.dir / "release-tiny-a").write_text("go")
+    tray.wait_event("load_done", "tiny-a")
+    loaded = tray.wait_item("Models", "tiny-a", check=lambda i: i["checked"] is True, what="tiny-a checked")
+    assert loaded["text"] == "tiny-a \u00b7 524 KB \u00b7 F32"
+    assert tray.item(URL[:20])["text"].endswith("1 of 3 models loaded")
+    assert tray.item("Unload all")["sensitive"] is True
+
+    # Click it again: it unloads.
+    tray.choose("Models", "tiny-a", screenshot="tray-menu-loaded.png")
+    tray.wait_event("unload", "tiny-a")
+    tray.wait_item("Models", "tiny-a", check=lambda i: i["checked"] is False, what="tiny-a unchecked")
+
+    tray.choose("Quit", closes=False)  # the process ends: no more menu dumps
+    assert tray.wait_exit() == 0
+    assert [e["event"] for e in tray.events()][-2:] == ["quit", "exit"]
+    assert "Traceback" not in tray.output.read_text()
+
+
+def test_failed_load_shows_the_reason_and_the_error_icon(tray_factory, xsession):
+    tray = tray_factory(bus="none")  # no D-Bus at all: the tray must still work
+    tray.icon_window()
+    tray.wait_item(URL)
+    tray.choose("Models", "broken")
+    tray.wait_event("load_failed", "broken")
+    item = tray.wait_item("Models", "broken", check=lambda i: "\u26a0 error:" in i["text"])
+    assert item["text"] == "broken \u00b7 1.2 KB \u2014 \u26a0 error: not a GGUF file (bad magic b'PK\\x03\\x04')"
+    assert item["sensitive"] and item["checked"] is False  # clicking again retries
+    notice = tray.wait_item("\u26a0 Could not load broken")
+    assert notice["sensitive"] is False
+    wait_for(lambda: tray.menu().get("activity") == "error", TIMEOUT, "the error icon")
+    time.sleep(0.3)
+    shot = xsession.screenshot("tray-icon-error.png")
+    assert tray.icon_colour_share(shot, "error") > 0.3
+    tray.open_menu()
+    xsession.screenshot("tray-menu-error.png")
+    xsession.keys("Escape")
+    wait_for(lambda: not tray.menu().get("open"), TIMEOUT, "the menu to close")
+    # SIGTERM (logout, systemd stop) ends the loop cleanly too.
+    tray.proc.send_signal(signal.SIGTERM)
+    assert tray.wait_exit() == 0
+    written = tray.text_written()
+    assert "Traceback" not in written and "should not show" not in tray.menu().__repr__()
+
+
+def test_api_changes_pairing_token_and_start_at_login(tray_factory, xsession):
+    tray = tray_factory(bus="notifications")
+    tray.icon_window()
+    tray.wait_item(URL)
+
+    # Changes made through the API show up without touching the menu.
+    changed = time.monotonic()
+    (tray.dir / "control.json").write_text(json.dumps({
+        "model_states": {"gemma-3:270m-q4_k_m": "loaded"},
+        "generating": {"gemma-3:270m-q4_k_m": True},
+        "pairings": [{"id": "pair_01", "app_name": "Notes\napp", "scopes": ["models:read", "responses:create"],
+                      "user_code": "WDJB-MJHT"}],
+    }))
+    entry = tray.wait_item("\u201cNotes app\u201d")
+    print(f"menu followed an API change after {time.monotonic() - changed:.2f} s")
+    assert entry["text"] == "\u201cNotes app\u201d \u2014 code WDJB-MJHT"
+    assert [i.get("text") for i in entry["submenu"] if not i.get("separator")] == [
+        "App: Notes app", "Code: WDJB-MJHT", "Scopes: models:read, responses:create", "Approve", "Deny"]
+    gemma = tray.wait_item("Models", "gemma-3", check=lambda i: i["checked"] is True)
+    assert gemma["text"].endswith("\u2014 generating")
+    wait_for(lambda: tray.menu().get("activity") == "serving", TIMEOUT, "the serving icon")
+    time.sleep(0.3)
+    shot = xsession.screenshot("tray-icon-serving.png")
+    assert tray.icon_colour_share(shot, "serving") > 0.3
+
+    tray.choose("\u201cNotes app\u201d", "Approve", screenshot="tray-menu-pairing.png")
+    tray.wait_event("approve_pairing", "pair_01")
+    wait_for(lambda: tray.item("\u201cNotes") is None, TIMEOUT, "the request to leave the menu")
+
+    # Copy access token: the secret reaches the clipboard (read by another X client), nothing else.
+    tray.choose("Copy access token")
+    tray.wait_event("access_token")
+    reader = ("import gi; gi.require_version('Gtk', '3.0'); gi.require_version('Gdk', '3.0');"
+              "from gi.repository import Gtk, Gdk;"
+              "print(Gtk.Clipboard.get(Gdk.SELECTION_CLIPBOARD).wait_for_text() or '', end='')")
+    clip = subprocess.run([sys.executable, "-c", reader], env=xsession.env, capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    assert clip.stdout == SECRET
+    notes = wait_for(lambda: tray.notifications.exists() and [json.loads(l) for l in
+                     tray.notifications.read_text().splitlines()], TIMEOUT, "a notification")
+    assert any(n["body"] == "Access token copied to the clipboard" for n in notes)
+
+    # Start at login: the checkbox writes and removes the real XDG autostart file.
+    desktop = tray.home / ".config" / "autostart" / "lmsp-tray.desktop"
+    assert tray.item("Start at login")["checked"] is False and not desktop.exists()
+    tray.choose("Start at login")
+    tray.wait_event("set_autostart", True)
+    assert desktop.is_file() and "Exec=" in desktop.read_text()
+    tray.wait_item("Start at login", check=lambda i: i["checked"] is True)
+    tray.choose("Start at login")
+    tray.wait_event("set_autostart", False)
+    assert not desktop.exists()
+    tray.wait_item("Start at login", check=lambda i: i["checked"] is False)
+
+    tray.choose("Quit", closes=False)  # the process ends: no more menu dumps
+    assert tray.wait_exit() == 0
+    notes = [json.loads(l) for l in tray.notifications.read_text().splitlines()]
+    assert all(SECRET not in n["summary"] + n["body"] for n in notes)
+    assert SECRET not in tray.text_written()
+    assert "Traceback" not in tray.output.read_text()
+
