@@ -292,8 +292,8 @@ class PairingBroker:
 class Auth:
     """Tokens and pairings together: what the HTTP layer and the tray backend are given by the daemon.
 
-    For the tray: ``auth.tokens.owner_secret`` (the token to hand the user), ``auth.tokens.keyring_problem``
-    (a sentence to show when the keyring is unavailable, else None), ``auth.pairings.pending_pairings()``,
+    For the tray: ``auth.tokens.owner_secret`` (the token to hand the user), ``auth.tokens.keyring_error``
+    (None, or a `KeyringUnavailable`: `.reason` is short for the menu, `str()` says what to do), ``auth.pairings.pending_pairings()``,
     ``approve(id_or_code)``, ``deny(id_or_code)`` and ``add_listener(fn)`` for notifications.
     """
 

@@ -208,7 +208,7 @@ class TokenManager:
         self._owner_id: str | None = None
         self._owner_secret: str | None = None
         self._owner_ephemeral = False
-        self.keyring_problem: str | None = None  # the last keyring failure, for the tray and logs
+        self.keyring_error: KeyringUnavailable | None = None  # the last keyring failure (tray: `.reason`)
         self.reload()
 
     # -- checking (request path: memory only) ---------------------------------------------------
@@ -250,7 +250,7 @@ class TokenManager:
             self.vault.store(record.id, secret)
         except KeyringUnavailable as exc:
             problem = str(exc)
-            self.keyring_problem = problem
+            self.keyring_error = exc
             log.warning("token %s (%s) was created but its secret is not in the keyring: %s", record.id, name,
                         exc.reason)
         try:
@@ -302,8 +302,13 @@ class TokenManager:
         try:
             self.vault.delete(token_id)
         except KeyringUnavailable as exc:
-            self.keyring_problem = str(exc)
+            self.keyring_error = exc
             log.warning("could not remove the keyring entry of %s: %s", token_id, exc.reason)
+
+    @property
+    def keyring_problem(self) -> str | None:
+        """A sentence for the user when the keyring failed last time it was used, else None."""
+        return None if self.keyring_error is None else str(self.keyring_error)
 
     # -- the owner token -----------------------------------------------------------------------
     @property
@@ -333,7 +338,7 @@ class TokenManager:
                     return
             self.vault.check()
         except KeyringUnavailable as exc:
-            self.keyring_problem = str(exc)
+            self.keyring_error = exc
             log.warning("%s", exc)
             self._session_owner()
             return
@@ -357,7 +362,7 @@ class TokenManager:
     def _set_owner(self, record: TokenRecord, secret: str, *, ephemeral: bool) -> None:
         self._owner_id, self._owner_secret, self._owner_ephemeral = record.id, secret, ephemeral
         if not ephemeral:
-            self.keyring_problem = None
+            self.keyring_error = None
 
 
 def token_object(record: TokenRecord, *, owner: bool = False) -> dict[str, object]:
