@@ -7,15 +7,15 @@ import threading
 
 import httpx
 
-from support import SLOW_ID, SSE, TINY_ID, body, events, iter_sse
+from support import SLOW_ID, SSE, TINY_ID, LiveDaemon, body, events, iter_sse
 
 PROMPTS = ["hello world", "the local model", "a test of the stream", "weather in the city"]
 
 
-def run_stream(url: str, prompt: str, tokens: int, model: str = TINY_ID, seed: int | None = None,
+def run_stream(live: LiveDaemon, prompt: str, tokens: int, model: str = TINY_ID, seed: int | None = None,
                temperature: float = 0.0) -> tuple[str, list[SSE]]:
     extra = {"extensions": {"lmsp_tray": {"seed": seed}}} if seed is not None else {}
-    with httpx.Client(base_url=url, timeout=120) as c:
+    with httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as c:
         with c.stream("POST", "/responses", json=body(prompt, model=model, max_output_tokens=tokens, stream=True,
                                                       temperature=temperature, **extra)) as r:
             evs = events(r)
@@ -25,12 +25,12 @@ def run_stream(url: str, prompt: str, tokens: int, model: str = TINY_ID, seed: i
 
 def test_batched_equals_alone(daemon_factory) -> None:
     live = daemon_factory(parallel=4)
-    alone = {p: run_stream(live.url, p, 40)[0] for p in PROMPTS}
+    alone = {p: run_stream(live, p, 40)[0] for p in PROMPTS}
     barrier = threading.Barrier(len(PROMPTS))
 
     def together(p: str) -> str:
         barrier.wait()
-        return run_stream(live.url, p, 40)[0]
+        return run_stream(live, p, 40)[0]
 
     with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
         batched = dict(zip(PROMPTS, pool.map(together, PROMPTS)))
@@ -41,9 +41,9 @@ def test_batched_equals_alone(daemon_factory) -> None:
 
 def test_sampled_output_with_seed_is_reproducible_in_a_batch(daemon_factory) -> None:
     live = daemon_factory(parallel=4)
-    alone = run_stream(live.url, PROMPTS[0], 30, seed=1234, temperature=1.0)[0]
+    alone = run_stream(live, PROMPTS[0], 30, seed=1234, temperature=1.0)[0]
     with cf.ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(run_stream, live.url, PROMPTS[i % 4], 30, TINY_ID, 1234 if i == 0 else 99 + i, 1.0)
+        futures = [pool.submit(run_stream, live, PROMPTS[i % 4], 30, TINY_ID, 1234 if i == 0 else 99 + i, 1.0)
                    for i in range(4)]
         texts = [f.result()[0] for f in futures]
     assert texts[0] == alone
@@ -52,7 +52,7 @@ def test_sampled_output_with_seed_is_reproducible_in_a_batch(daemon_factory) -> 
 def test_interleaved_streams_never_mix(daemon_factory) -> None:
     live = daemon_factory(parallel=4)
     with cf.ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda p: run_stream(live.url, p, 60), PROMPTS))
+        results = list(pool.map(lambda p: run_stream(live, p, 60), PROMPTS))
     for text, evs in results:
         rid = evs[0].data["response_id"]
         item = evs[1].data["item"]["id"]
@@ -66,11 +66,11 @@ def test_interleaved_streams_never_mix(daemon_factory) -> None:
 def test_cancelling_one_sequence_leaves_the_others_unchanged(daemon_factory) -> None:
     live = daemon_factory(parallel=4)
     others = PROMPTS[1:]
-    alone = {p: run_stream(live.url, p, 200, model=SLOW_ID)[0] for p in others}
+    alone = {p: run_stream(live, p, 200, model=SLOW_ID)[0] for p in others}
     started = threading.Event()
 
     def cancelled_one() -> None:
-        with httpx.Client(base_url=live.url, timeout=120) as c:
+        with httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as c:
             with c.stream("POST", "/responses",
                           json=body(PROMPTS[0], model=SLOW_ID, max_output_tokens=3000, stream=True)) as r:
                 n = 0
@@ -84,6 +84,6 @@ def test_cancelling_one_sequence_leaves_the_others_unchanged(daemon_factory) -> 
     with cf.ThreadPoolExecutor(4) as pool:
         victim = pool.submit(cancelled_one)
         started.wait(60)
-        batched = dict(zip(others, pool.map(lambda p: run_stream(live.url, p, 200, model=SLOW_ID)[0], others)))
+        batched = dict(zip(others, pool.map(lambda p: run_stream(live, p, 200, model=SLOW_ID)[0], others)))
         victim.result()
     assert batched == alone
