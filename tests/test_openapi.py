@@ -96,3 +96,13 @@ def test_fuzz(case: schemathesis.Case, fuzz_target: LiveDaemon) -> None:
         excluded.append(schemathesis.checks.positive_data_acceptance)
     case.call_and_validate(base_url=fuzz_target.base, headers=dict(fuzz_target.auth_headers), timeout=60,
                            excluded_checks=excluded)
+
+
+def test_fuzz_findings_stay_fixed(client: httpx.Client) -> None:
+    """What schemathesis found once: a non-string content part type crashed; 405 hid methods of a path."""
+    bad_part = {"model": TINY_ID, "input": [{"type": "message", "role": "user", "content": [{"type": {}}]}]}
+    r = client.post("/responses", json=bad_part)
+    assert r.status_code == 400 and r.json()["code"] == "invalid_request"
+    for path in ("/auth/tokens", "/auth/pairings"):
+        r = client.request("DELETE", path)
+        assert r.status_code == 405 and {m.strip() for m in r.headers["allow"].split(",")} >= {"GET", "POST"}
