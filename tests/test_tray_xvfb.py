@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from lmsp_tray.menu import ModelView, TrayState, build_menu
-from tray_driver import TIMEOUT, TrayProcess
+from tray_driver import TIMEOUT, TrayProcess, as_shown, shown
 from xvfb import ROOT, XSession, missing_tools, spec_keys, wait_for
 
 pytestmark = pytest.mark.skipif(bool(missing_tools()), reason=f"needs {', '.join(missing_tools())}")
@@ -78,25 +78,6 @@ class Tray(TrayProcess):
                 env["NOTIFY_OUT"] = str(self.notifications)
             argv = ["dbus-run-session", "--", "sh", "-c", script, sys.executable, *runner]
         super().__init__(x, state_dir, argv, env, ROOT)
-
-
-def shown(items: list[dict]) -> list:
-    """The dumped Gtk menu as (text, sensitive, checked, submenu) tuples."""
-    return [("---",) if i.get("separator") else
-            (i["text"], i["sensitive"], i["checked"], shown(i["submenu"]) if "submenu" in i else None) for i in items]
-
-
-def as_shown(specs) -> list:
-    """What pystray's gtk backend should show for `specs`."""
-    out = []
-    for s in specs:
-        if s.separator:
-            out.append(("---",))
-        elif s.submenu is not None:
-            out.append((s.text, s.enabled, s.checked, as_shown(s.submenu)))
-        else:
-            out.append((s.text, s.enabled and s.action is not None, s.checked, None))
-    return out
 
 
 @pytest.fixture

@@ -158,3 +158,20 @@ class TrayProcess:
         return "\n".join(parts)
 
 
+def shown(items: list[dict]) -> list:
+    """The dumped Gtk menu as (text, sensitive, checked, submenu) tuples."""
+    return [("---",) if i.get("separator") else
+            (i["text"], i["sensitive"], i["checked"], shown(i["submenu"]) if "submenu" in i else None) for i in items]
+
+
+def as_shown(specs) -> list:
+    """What pystray's gtk backend should show for `specs`."""
+    out = []
+    for s in specs:
+        if s.separator:
+            out.append(("---",))
+        elif s.submenu is not None:
+            out.append((s.text, s.enabled, s.checked, as_shown(s.submenu)))
+        else:
+            out.append((s.text, s.enabled and s.action is not None, s.checked, None))
+    return out
