@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gguf_factory import write_tiny_gguf
 from lmsp_tray.menu import ModelView, TrayState, build_menu
 from support import SLOW_ID, SSE, TINY_ID, iter_sse
 from tray_driver import TIMEOUT, TrayProcess, as_shown, shown
@@ -109,7 +110,7 @@ def tray(xsession, tmp_path, models_dir):
     print(f"--- lmsp-tray output ---\n{started.output.read_text()[-4000:]}")
 
 
-def test_real_program_tray_drives_the_daemon(tray, xsession):
+def test_real_program_tray_drives_the_daemon(tray, xsession, models_dir):
     url = tray.url()
     window = tray.icon_window()
     print(f"icon embedded {time.monotonic() - tray.started:.2f} s after start")
@@ -156,6 +157,13 @@ def test_real_program_tray_drives_the_daemon(tray, xsession):
         unloaded_at = time.monotonic()
         checked(tray, TINY_ID, False, "an API unload to show in the menu")
         print(f"menu showed the API unload {time.monotonic() - unloaded_at:.2f} s after the API answered")
+
+        # A model file dropped into the folder shows up (the folder watcher tells the tray).
+        write_tiny_gguf(models_dir / "fresh-test.gguf", basename="fresh-test", size_label="1M", seed=7)
+        dropped_at = time.monotonic()
+        tray.wait_item("Models", "fresh-test:1m-f32", what="a new model file to show in the menu")
+        print(f"menu showed a new model file {time.monotonic() - dropped_at:.2f} s after it was written")
+        assert "fresh-test:1m-f32" in {m["id"] for m in api_models(api)}
 
         # While a response streams, the icon and the menu say so; Quit ends the stream with a
         # terminal event, unloads, removes the discovery file and exits 0.
