@@ -177,14 +177,18 @@ def cmd_serve(paths: Paths, config: Config, args: argparse.Namespace, *, tray: b
         return _fail(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}. "
                      f"Another program uses this port; choose one with --port N or `port` in {paths.config_file}.")
     count = sum(1 for e in catalog.entries() if e.ok)
-    print(f"lmsp-tray {__version__} serving {daemon.url} with {count} model(s). Stop with Ctrl+C.", file=sys.stderr)
     if tray:
-        from lmsp_tray.tray import display_available, run_tray
+        from lmsp_tray.desktop import display_available, headless_message
 
         if display_available():
-            return run_tray(daemon, sock)
-        print("No display found (DISPLAY/WAYLAND_DISPLAY unset): running headless without a tray icon.",
-              file=sys.stderr)
+            from lmsp_tray.tray_backend import run_tray
+
+            return run_tray(daemon, sock, announce=f"lmsp-tray {__version__} serving {daemon.url} with {count} "
+                            f"model(s) from the system tray. Quit from its menu or with Ctrl+C.")
+        print(headless_message(daemon.url), file=sys.stderr, flush=True)
+    else:
+        print(f"lmsp-tray {__version__} serving {daemon.url} with {count} model(s). Stop with Ctrl+C.",
+              file=sys.stderr, flush=True)
     daemon.serve_forever(sock)
     return 0
 

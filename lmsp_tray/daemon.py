@@ -151,6 +151,7 @@ class Daemon:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = threading.Event()
         self._startup_error: BaseException | None = None
+        self._closed = False
 
     def _models_changed(self, _entries: Any, _added: set[str], removed: set[str]) -> None:
         """A model file went away: unload it once its running requests have finished."""
@@ -254,13 +255,22 @@ class Daemon:
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(begin)
 
+    @property
+    def serving(self) -> bool:
+        """Whether the background server thread is running."""
+        return self._thread is not None and self._thread.is_alive()
+
     def stop_background(self, timeout: float = 10.0) -> None:
+        """Stop like SIGTERM does and wait for it (safe to call again: later calls do nothing)."""
         self.request_stop()
         if self._thread is not None:
             self._thread.join(timeout)
         self.close()
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self._remove_discovery_file()
         self.watcher.stop()
         self.models.close()

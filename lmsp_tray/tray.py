@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, MutableMapping, Protocol
 
 from lmsp_tray.desktop import Clipboard, ClipboardError, display_available, headless_message, open_folder
 from lmsp_tray.icons import draw_icon, load_icon
@@ -107,19 +109,48 @@ class TrayUnavailable(RuntimeError):
 # -- toolkit ---------------------------------------------------------------------------------------
 
 
-def load_pystray() -> ModuleType:
+LINUX_BACKENDS = ("appindicator", "gtk", "xorg")  # pystray's own order of preference
+
+
+def load_pystray(environ: MutableMapping[str, str] | None = None) -> ModuleType:
     """Import pystray, or raise `TrayUnavailable` with a one-line reason.
 
     pystray picks its backend at first import (`PYSTRAY_BACKEND` overrides
     it) and fails in several ways without a usable display: ImportError,
     ValueError (a missing AppIndicator namespace), Xlib.error.DisplayNameError.
+    Its own fallback only moves on after an ImportError, so a desktop without
+    the AppIndicator typelib (ValueError) would get no tray although GTK's
+    works; on Linux, without `PYSTRAY_BACKEND`, each backend is tried in turn.
     """
+    env = os.environ if environ is None else environ
     try:
         import pystray  # noqa: PLC0415 (imported only when a tray is wanted)
+        return pystray
     except Exception as exc:  # noqa: BLE001 - any failure means "no tray here"
-        detail = short_reason(exc, 120) if str(exc) else type(exc).__name__
-        raise TrayUnavailable(f"the system tray is not available ({detail})") from None
-    return pystray
+        first = exc
+    shown = first
+    if not env.get("PYSTRAY_BACKEND") and sys.platform.startswith("linux"):
+        for name in LINUX_BACKENDS:
+            _forget_pystray()
+            env["PYSTRAY_BACKEND"] = name  # read once, by this import
+            try:
+                import pystray  # noqa: PLC0415
+                log.info("pystray's default backend failed (%s); using %s", short_reason(first, 100), name)
+                return pystray
+            except Exception as exc:  # noqa: BLE001
+                if name == "gtk":
+                    shown = exc  # the one that works on most desktops says most about why not
+            finally:
+                env.pop("PYSTRAY_BACKEND", None)
+        _forget_pystray()
+    detail = short_reason(shown, 120) if str(shown) else type(shown).__name__
+    raise TrayUnavailable(f"the system tray is not available ({detail})") from None
+
+
+def _forget_pystray() -> None:
+    """Drop a half-imported pystray so the next import starts again (and picks its backend again)."""
+    for name in [m for m in sys.modules if m == "pystray" or m.startswith("pystray.")]:
+        del sys.modules[name]
 
 
 def backend_name(pystray: ModuleType) -> str:

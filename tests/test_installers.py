@@ -4,12 +4,16 @@ and the macOS / Windows files by what they contain (no Mac or Windows here)."""
 from __future__ import annotations
 
 import configparser
+import json
 import os
 import plistlib
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 from lmsp_tray.autostart import LaunchAgent
@@ -52,7 +56,7 @@ def test_install_help_and_bad_options():
     assert norepo.returncode == 1 and "no pyproject.toml" in norepo.stderr
 
 
-def test_linux_install_then_uninstall_for_real(tmp_path):
+def test_linux_install_then_uninstall_for_real(tmp_path, tiny_gguf):
     """install.sh into a temp HOME: venv, package, launcher, icons, systemd unit; idempotent; uninstall.sh."""
     home = tmp_path / "home with space"
     home.mkdir()
@@ -116,12 +120,12 @@ def test_linux_install_then_uninstall_for_real(tmp_path):
     assert again.returncode == 0, again.stderr
     assert f"reusing {venv}" in again.stdout and program.is_file()
 
-    # TODO(lead, once cli/daemon land): start `program serve --port 0`, read service.json and check
-    # GET /lmsp/v1 answers {"object": "service", ...}; then stop it with SIGTERM (exit 0).
+    # The installed program runs: bare `lmsp-tray` without a display says so in one line and serves.
+    check_installed_program_serves(program, env, tmp_path, tiny_gguf)
 
     (home / ".config" / "autostart").mkdir(parents=True)
     (home / ".config" / "autostart" / "lmsp-tray.desktop").write_text("[Desktop Entry]\n")
-    (data / "lmsp-tray" / "models").mkdir()
+    (data / "lmsp-tray" / "models").mkdir(exist_ok=True)  # the program made it when it ran above
     gone = subprocess.run(["sh", str(LINUX / "uninstall.sh")], env=env, capture_output=True, text=True, timeout=120)
     assert gone.returncode == 0, gone.stderr
     for path in (venv, link, launcher, unit, home / ".config" / "autostart" / "lmsp-tray.desktop",
@@ -130,6 +134,48 @@ def test_linux_install_then_uninstall_for_real(tmp_path):
     assert (data / "lmsp-tray" / "models").is_dir() and "kept your data" in gone.stdout
     purge = subprocess.run(["sh", str(LINUX / "uninstall.sh"), "--purge"], env=env, capture_output=True, text=True)
     assert purge.returncode == 0 and not (data / "lmsp-tray").exists()
+
+
+def check_installed_program_serves(program: Path, env: dict[str, str], tmp_path: Path, model: Path) -> None:
+    """Start the installed `lmsp-tray` (headless: no DISPLAY), check GET /lmsp/v1 and /models, SIGTERM it."""
+    models = tmp_path / "installed-models"
+    models.mkdir()
+    (models / model.name).symlink_to(model)
+    run_env = {k: v for k, v in env.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    home = Path(run_env["HOME"])
+    log = tmp_path / "installed.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([str(program), "--port", "0", "--models-dir", str(models), "--no-default-dirs"],
+                                env=run_env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        url = None
+        while url is None:
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "the installed program never wrote service.json"
+            for found in home.rglob("service.json"):  # where the platform's folders put it
+                try:
+                    url = json.loads(found.read_text())["url"]
+                except (OSError, ValueError, KeyError):
+                    pass
+            time.sleep(0.1)
+        with urllib.request.urlopen(url, timeout=30) as reply:
+            doc = json.loads(reply.read())
+        assert doc["object"] == "service" and doc["service"]["name"] == "lmsp-tray"
+        with urllib.request.urlopen(url + "/models", timeout=30) as reply:
+            ids = [m["id"] for m in json.loads(reply.read())["data"]]
+        assert ids == ["tiny-test:1m-f32"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    text = log.read_text()
+    headless = [line for line in text.splitlines() if "running headless" in line]
+    assert len(headless) == 1 and "no display" in headless[0] and url in headless[0], text
+    assert "Traceback" not in text
+    assert not list(home.rglob("service.json"))  # removed on exit
 
 
 def test_desktop_and_unit_templates():

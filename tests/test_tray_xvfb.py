@@ -8,14 +8,15 @@ check marks (dumped by the runner), the icon's pixels in screenshots, the
 clipboard as another X client reads it, and notifications received by a
 real D-Bus notification server. Screenshots go to `test-artifacts/`.
 
-The test backend is a stand-in until the daemon lands; the daemon-backed test
-(load through the menu, checked with GET /models) replaces the first test.
+The scripted backend makes states that are hard to hold still with a real
+daemon (a load that waits, a pairing request, a token) deterministic; the
+real program over the real daemon is driven the same way in
+test_tray_daemon_xvfb.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -24,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from lmsp_tray.icons import COLOURS
 from lmsp_tray.menu import ModelView, TrayState, build_menu
+from tray_driver import TIMEOUT, TrayProcess, as_shown, shown
 from xvfb import ROOT, XSession, missing_tools, spec_keys, wait_for
 
 pytestmark = pytest.mark.skipif(bool(missing_tools()), reason=f"needs {', '.join(missing_tools())}")
@@ -37,7 +38,6 @@ MODELS = [
     {"id": "gemma-3:270m-q4_k_m", "size_bytes": 253_112_000, "quantization": "Q4_K_M"},
     {"id": "broken", "size_bytes": 1200},
 ]
-TIMEOUT = 30
 
 
 @pytest.fixture(scope="module")
@@ -50,23 +50,22 @@ def xsession():
         yield session
 
 
-class Tray:
-    """One tray process and what it reports."""
+class Tray(TrayProcess):
+    """tests/tray_runner.py: the real TrayApp over a scripted backend."""
 
     def __init__(self, x: XSession, tmp: Path, *, bus: str, gate: bool = False) -> None:
-        self.x = x
-        self.dir = tmp / "state"
-        self.dir.mkdir()
+        state_dir = tmp / "state"
+        state_dir.mkdir()
         self.home = tmp / "home"
         self.home.mkdir()
         setup = {"url": URL, "token": SECRET, "gate": gate, "models": MODELS,
                  "fail": {"broken": "not a GGUF file (bad magic b'PK\\x03\\x04')\nTraceback: should not show"}}
-        (self.dir / "setup.json").write_text(json.dumps(setup))
+        (state_dir / "setup.json").write_text(json.dumps(setup))
         env = x.env
         env.update(PYSTRAY_BACKEND="gtk", HOME=str(self.home), PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
         env.pop("XDG_CONFIG_HOME", None)
-        runner = [sys.executable, str(ROOT / "tests" / "tray_runner.py"), str(self.dir)]
-        self.notifications = self.dir / "notifications.jsonl"
+        runner = [sys.executable, str(ROOT / "tests" / "tray_runner.py"), str(state_dir)]
+        self.notifications = state_dir / "notifications.jsonl"
         if bus == "none":
             env["DBUS_SESSION_BUS_ADDRESS"] = "disabled:"
             argv = runner
@@ -78,151 +77,7 @@ class Tray:
                           'while [ ! -e "$NOTIFY_OUT.ready" ]; do sleep 0.05; done; exec "$@"')
                 env["NOTIFY_OUT"] = str(self.notifications)
             argv = ["dbus-run-session", "--", "sh", "-c", script, sys.executable, *runner]
-        self.output = self.dir / "output.txt"
-        self._out = self.output.open("w")
-        self.proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=self._out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        self.started = time.monotonic()
-
-    # -- observing --------------------------------------------------------------------------------
-    def menu(self) -> dict:
-        try:
-            return json.loads((self.dir / "menu.json").read_text())
-        except (OSError, ValueError):
-            return {}
-
-    def events(self) -> list[dict]:
-        try:
-            lines = (self.dir / "events.jsonl").read_text().splitlines()
-        except OSError:
-            return []
-        return [json.loads(line) for line in lines if line.strip()]
-
-    def wait_event(self, event: str, arg: object = None) -> dict:
-        def found():
-            return next((e for e in self.events() if e["event"] == event and (arg is None or e["arg"] == arg)), None)
-        return wait_for(found, TIMEOUT, f"backend event {event} {arg or ''}")
-
-    def item(self, *path: str, menu: dict | None = None) -> dict | None:
-        items = (menu or self.menu()).get("items", [])
-        entry = None
-        for prefix in path:
-            entry = next((i for i in items if not i.get("separator") and i["text"].startswith(prefix)), None)
-            if entry is None:
-                return None
-            items = entry.get("submenu", [])
-        return entry
-
-    def wait_item(self, *path: str, check=lambda item: True, what: str = "") -> dict:
-        return wait_for(lambda: (lambda i: i if i is not None and check(i) else None)(self.item(*path)),
-                        TIMEOUT, what or f"menu item {' > '.join(path)}")
-
-    # -- acting -----------------------------------------------------------------------------------
-    def icon_window(self) -> int:
-        return wait_for(self.x.tray_icons, TIMEOUT, "the tray icon to be embedded")[0]
-
-    def open_menu(self) -> None:
-        assert not self.menu().get("open")
-        self.x.click(self.icon_window(), 3)
-        wait_for(lambda: self.menu().get("open"), TIMEOUT, "the menu to open")
-        wait_for(self.x.popup_windows, TIMEOUT, "the menu window to be mapped")
-        time.sleep(0.2)  # let the pointer/keyboard grab settle before typing
-
-    def keys_to(self, *path: str) -> list[str]:
-        """Keys that select `path` in the open menu (insensitive items and separators are skipped)."""
-        keys: list[str] = []
-        items = self.menu()["items"]
-        for depth, prefix in enumerate(path):
-            selectable = [i for i in items if not i.get("separator") and i["sensitive"]]
-            index = next(n for n, i in enumerate(selectable) if i["text"].startswith(prefix))
-            # At the top nothing is selected yet; entering a submenu selects its first item.
-            keys += ["Down"] * (index + 1 if depth == 0 else index)
-            items = selectable[index].get("submenu", [])
-            if depth < len(path) - 1:
-                keys.append("Right")
-        return keys
-
-    def choose(self, *path: str, screenshot: str | None = None, closes: bool = True) -> None:
-        self.open_menu()
-        keys = self.keys_to(*path)
-        self.x.keys(*keys)
-        if screenshot:
-            time.sleep(0.3)
-            self.x.screenshot(screenshot)
-        self.x.keys("Return")
-        if closes:
-            wait_for(lambda: not self.menu().get("open"), TIMEOUT, "the menu to close")
-
-    def show(self, *path: str, screenshot: str) -> None:
-        """Open the menu, walk to `path` (submenus open), screenshot, close it again."""
-        self.open_menu()
-        keys = self.keys_to(*path)
-        self.x.keys(*(keys + ["Right"] if self.item(*path).get("submenu") is not None else keys))
-        time.sleep(0.3)
-        self.x.screenshot(screenshot)
-        for _ in range(len(path) + 1):
-            if not self.menu().get("open"):
-                break
-            self.x.keys("Escape")
-            time.sleep(0.2)
-        wait_for(lambda: not self.menu().get("open"), TIMEOUT, "the menu to close")
-
-    def icon_colour_share(self, shot: Path, activity: str) -> float:
-        """Share of the icon window's pixels in the tile colour of `activity`.
-
-        Also saves the icon's surroundings, enlarged 4x, next to the screenshot (`*-zoom.png`).
-        """
-        from PIL import Image
-
-        geo = self.x.geometry(self.icon_window())
-        with Image.open(shot) as image:
-            crop = image.convert("RGB").crop(geo.box())
-            around = image.convert("RGB").crop(geo.box(pad=8))
-        around.resize((around.width * 4, around.height * 4), Image.Resampling.NEAREST).save(
-            shot.with_name(shot.stem + "-zoom.png"))
-        fill = COLOURS[activity][0]
-        raw = crop.tobytes()
-        pixels = [tuple(raw[i:i + 3]) for i in range(0, len(raw), 3)]
-        return sum(1 for p in pixels if p == fill) / len(pixels)
-
-    def wait_exit(self) -> int:
-        try:
-            return self.proc.wait(TIMEOUT)
-        finally:
-            self._out.close()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # our own session only
-            self.proc.wait(10)
-        self._out.close()
-
-    def text_written(self) -> str:
-        parts = [self.output.read_text(errors="replace")]
-        for name in ("tray.log", "menu.json", "events.jsonl"):
-            path = self.dir / name
-            if path.exists():
-                parts.append(path.read_text(errors="replace"))
-        return "\n".join(parts)
-
-
-def shown(items: list[dict]) -> list:
-    """The dumped Gtk menu as (text, sensitive, checked, submenu) tuples."""
-    return [("---",) if i.get("separator") else
-            (i["text"], i["sensitive"], i["checked"], shown(i["submenu"]) if "submenu" in i else None) for i in items]
-
-
-def as_shown(specs) -> list:
-    """What pystray's gtk backend should show for `specs`."""
-    out = []
-    for s in specs:
-        if s.separator:
-            out.append(("---",))
-        elif s.submenu is not None:
-            out.append((s.text, s.enabled, s.checked, as_shown(s.submenu)))
-        else:
-            out.append((s.text, s.enabled and s.action is not None, s.checked, None))
-    return out
+        super().__init__(x, state_dir, argv, env, ROOT)
 
 
 @pytest.fixture

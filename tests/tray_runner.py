@@ -10,14 +10,13 @@ waits for `release-<id>` when `gate` is set, so the test sees "Loading…"
 deterministically. "Start at login" uses the real `Autostart` (HOME is a temp
 folder). The runner also dumps the *real* Gtk menu (labels, check marks,
 sensitivity, whether it is open) and the shown icon state to `menu.json`
-every 100 ms, read from the widgets on the GTK main loop.
+every 100 ms, read from the widgets on the GTK main loop (tests/gtk_probe.py).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import threading
 import time
@@ -31,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from lmsp_tray.autostart import Autostart  # noqa: E402
 from lmsp_tray.errors import ModelLoadFailed, ModelNotFound  # noqa: E402
 from lmsp_tray.menu import ModelView, PairingView, TrayState, activity_for  # noqa: E402
+from gtk_probe import start_menu_dump  # noqa: E402
 
 
 class FileBackend:
@@ -147,64 +147,15 @@ class FileBackend:
         self.record("quit")
 
 
-def dump_gtk_menu(menu) -> list[dict]:
-    from gi.repository import Gtk
-
-    items = []
-    for child in menu.get_children():
-        if isinstance(child, Gtk.SeparatorMenuItem):
-            items.append({"separator": True})
-            continue
-        label = child.get_child()
-        entry = {
-            "text": label.get_text() if label is not None else "",
-            "sensitive": child.get_sensitive(),
-            "checked": child.get_active() if isinstance(child, Gtk.CheckMenuItem) else None,
-        }
-        sub = child.get_submenu()
-        if sub is not None:
-            entry["submenu"] = dump_gtk_menu(sub)
-            entry["submenu_open"] = sub.get_visible()
-        items.append(entry)
-    return items
-
-
 def main() -> int:
     state_dir = Path(sys.argv[1])
     logging.basicConfig(level=logging.INFO, filename=state_dir / "tray.log",
                         format="%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s")
     backend = FileBackend(state_dir)
-    from gi.repository import GLib
-
     from lmsp_tray.tray import TrayApp
 
     app = TrayApp(backend, opener=lambda path: backend.record("open_folder", str(path)))
-    last = [""]
-
-    def dump() -> bool:
-        try:
-            menu = getattr(app.icon, "_menu_handle", None)
-            status_icon = getattr(app.icon, "_status_icon", None)
-            doc = {
-                "open": bool(menu is not None and menu.get_visible()),
-                "items": dump_gtk_menu(menu) if menu is not None else [],
-                "activity": app._shown_activity,
-                "title": app.icon.title,
-                "icon_size": app.icon_size,
-                "embedded": bool(status_icon is not None and status_icon.is_embedded()),
-                "toolkit": app.toolkit,
-            }
-            text = json.dumps(doc, ensure_ascii=False, sort_keys=True)
-            if text != last[0]:
-                last[0] = text
-                tmp = state_dir / "menu.json.tmp"
-                tmp.write_text(text, encoding="utf-8")
-                os.replace(tmp, state_dir / "menu.json")
-        except Exception:  # noqa: BLE001
-            logging.getLogger("runner").exception("menu dump failed")
-        return True
-
-    GLib.timeout_add(100, dump)
+    start_menu_dump(app, state_dir)
     code = app.run()
     backend.record("exit", code)
     return code
