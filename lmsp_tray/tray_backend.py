@@ -15,9 +15,9 @@ background thread, and the menu redrawn as soon as the model manager or the
 folder watcher reports a change (the tray's 0.5 s poll catches the rest,
 e.g. a model starting to generate).
 
-Security (tokens, app pairing) lives on another branch. Until it is wired,
-`TrayHooks` is the one place the daemon hands the tray its owner token and
-pairing requests: see `tray_hooks()` below (marked HOOK(security)).
+`TrayHooks` is the one place the daemon hands the tray its owner token,
+pairing requests and keyring trouble: see `tray_hooks()` below. A new
+pairing request also raises a desktop notification (app name, scopes, code).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from lmsp_tray.errors import LMSPError, ModelNotFound
-from lmsp_tray.menu import MODEL_ERROR, ModelView, PairingView, TrayState, short_reason
+from lmsp_tray.menu import MODEL_ERROR, ModelView, PairingView, TrayState, clean_text, short_reason
 
 if TYPE_CHECKING:
     import socket
@@ -70,6 +70,10 @@ def _no_subscription(_listener: Callable[..., None]) -> None:
     return None
 
 
+def _no_notice() -> str | None:
+    return None
+
+
 @dataclass(frozen=True)
 class TrayHooks:
     """How the tray reaches the owner token and pairing requests (defaults: none of either).
@@ -87,27 +91,34 @@ class TrayHooks:
     approve_pairing: Callable[[str], Any] = _no_pairing_action
     deny_pairing: Callable[[str], Any] = _no_pairing_action
     subscribe_pairings: Callable[[Callable[..., None]], None] = _no_subscription
+    notice: Callable[[], str | None] = _no_notice  # a service-level problem to show on top of the menu
 
 
 def tray_hooks(daemon: "Daemon") -> TrayHooks:
-    """HOOK(security): the single place to connect the owner token and pairings to the tray.
+    """The owner token, pairing requests and keyring trouble of a live daemon (`daemon.auth`)."""
+    auth = daemon.auth
 
-    Once the `security` branch is merged (it gives the daemon `auth.tokens` and
-    `auth.pairings`), fill this in, e.g.::
+    def keyring_notice() -> str | None:
+        error = auth.tokens.keyring_error
+        return None if error is None else f"Keyring unavailable: {error.reason}"
 
-        auth = daemon.auth
-        return TrayHooks(
-            access_token=lambda: auth.tokens.owner_secret,
-            pending_pairings=auth.pairings.pending_pairings,
-            approve_pairing=auth.pairings.approve,
-            deny_pairing=auth.pairings.deny,
-            subscribe_pairings=auth.pairings.add_listener,
-        )
+    return TrayHooks(
+        access_token=lambda: auth.tokens.owner_secret,
+        pending_pairings=auth.pairings.pending_pairings,
+        approve_pairing=auth.pairings.approve,
+        deny_pairing=auth.pairings.deny,
+        subscribe_pairings=auth.pairings.add_listener,
+        notice=keyring_notice,
+    )
 
-    Until then the tray shows "Copy access token" disabled and no pairing requests.
-    """
-    del daemon
-    return TrayHooks()
+
+def pairing_notification(view: Any) -> str | None:
+    """The desktop notification for a new pairing request (None for other changes)."""
+    if getattr(view, "status", None) != "pending":
+        return None
+    scopes = ", ".join(clean_text(str(s), 32) for s in view.scopes) or "no scopes"
+    return (f"{clean_text(view.app_name, 40)} asks for a token ({scopes}). Code {clean_text(view.user_code, 12)}: "
+            f"approve or deny it in the lmsp-tray menu.")
 
 
 # -- the backend ------------------------------------------------------------------------------------
@@ -135,6 +146,7 @@ class DaemonTrayBackend:
             autostart_supported=supported,
             pairings=self._pairings(),
             token_available=self._token_available(),
+            notice=self._notice(),
         )
 
     def _model_view(self, entry: Any) -> ModelView:
@@ -172,6 +184,13 @@ class DaemonTrayBackend:
             return ()
         return tuple(PairingView(str(p.id), str(p.app_name or ""), tuple(str(s) for s in p.scopes or ()),
                                  str(p.user_code or "")) for p in pending)
+
+    def _notice(self) -> str | None:
+        try:
+            return self.hooks.notice()
+        except Exception as exc:  # noqa: BLE001
+            log.debug("notice unavailable: %s", exc)
+            return None
 
     def _token_available(self) -> bool:
         # Only whether the hook is connected: asking the keyring every 0.5 s is too slow
@@ -251,8 +270,14 @@ def run_tray(daemon: "Daemon", sock: "socket.socket", *, autostart: "Autostart |
     refresh: Callable[..., None] = lambda *_: app.refresh()  # noqa: E731 - sets an event; safe under any lock
     daemon.models.subscribe(refresh)
     daemon.watcher.subscribe(refresh)
+    def announce(view: Any = None, *_: Any) -> None:
+        message = pairing_notification(view)
+        if message is not None:
+            app.notify(message)
+
     try:
         backend.hooks.subscribe_pairings(refresh)
+        backend.hooks.subscribe_pairings(announce)
     except Exception as exc:  # noqa: BLE001
         log.debug("no pairing notifications: %s", exc)
     try:

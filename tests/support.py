@@ -78,6 +78,23 @@ def start_daemon(models_dir: Path, *, vault: Any = None, token_repository: Any =
     return LiveDaemon(daemon, daemon.url)
 
 
+def cli_token(argv: list[str], env: dict[str, str], *scopes: str, cwd: Any = None) -> str:
+    """A token made by `<argv> tokens create` before the service starts (the CLI then acts on the data folder).
+
+    Only the secret is on stdout; without a keyring it warns on stderr and still prints it.
+    """
+    import subprocess
+
+    args = [*argv, "tokens", "create", "--name", "test"]
+    for scope in scopes or ("models:read", "models:manage", "responses:create"):
+        args += ["--scope", scope]
+    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300, cwd=cwd)
+    assert out.returncode == 0, out.stderr
+    secret = out.stdout.strip()
+    assert secret.startswith("lmsp_") and "\n" not in secret, out.stdout
+    return secret
+
+
 @dataclass
 class SSE:
     id: int | None

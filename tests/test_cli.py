@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from support import TINY_ID, events, iter_sse, SSE
+from support import TINY_ID, events, iter_sse, SSE, cli_token as make_token
 
 
 def run_cli(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
@@ -52,15 +52,7 @@ def wait_url(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
 
 
 def cli_token(env: dict[str, str], *scopes: str) -> dict[str, str]:
-    """A token made with `lmsp-tray tokens create` while no service runs (it acts on the data folder)."""
-    args = ["tokens", "create", "--name", "test"]
-    for scope in scopes or ("models:read", "models:manage", "responses:create"):
-        args += ["--scope", scope]
-    out = run_cli(*args, env=env)
-    assert out.returncode == 0, out.stderr
-    secret = out.stdout.strip()
-    assert secret.startswith("lmsp_") and "\n" not in secret
-    return {"Authorization": f"Bearer {secret}"}
+    return {"Authorization": f"Bearer {make_token([sys.executable, '-m', 'lmsp_tray'], env, *scopes)}"}
 
 
 def test_help_and_version(env: dict[str, str]) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from support import TINY_ID
+from support import TINY_ID, cli_token
 
 
 @pytest.fixture
@@ -41,6 +41,7 @@ def unused_display() -> str:
 def run_bare(env: dict[str, str], models_dir: Path, tmp_path: Path) -> tuple[str, str]:
     """Start bare `lmsp-tray`, wait until it serves, check it, SIGTERM it; (url, everything it printed)."""
     log = tmp_path / "out.txt"
+    auth = {"Authorization": f"Bearer {cli_token([sys.executable, '-m', 'lmsp_tray'], env, 'models:read')}"}
     with log.open("w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "lmsp_tray", "--port", "0", "--models-dir", str(models_dir),
                                  "--no-default-dirs"], env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -53,7 +54,7 @@ def run_bare(env: dict[str, str], models_dir: Path, tmp_path: Path) -> tuple[str
             time.sleep(0.05)
         url = json.loads(discovery.read_text())["url"]
         assert httpx.get(url, timeout=10).json()["object"] == "service"
-        assert TINY_ID in [m["id"] for m in httpx.get(f"{url}/models", timeout=10).json()["data"]]
+        assert TINY_ID in [m["id"] for m in httpx.get(f"{url}/models", timeout=10, headers=auth).json()["data"]]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     finally:

@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 from lmsp_tray.autostart import LaunchAgent
+from support import cli_token
 
 ROOT = Path(__file__).resolve().parent.parent
 LINUX = ROOT / "installers" / "linux"
@@ -144,6 +145,7 @@ def check_installed_program_serves(program: Path, env: dict[str, str], tmp_path:
     run_env = {k: v for k, v in env.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
     home = Path(run_env["HOME"])
     log = tmp_path / "installed.log"
+    token = cli_token([str(program)], run_env, "models:read", cwd=tmp_path)
     with log.open("w") as out:
         proc = subprocess.Popen([str(program), "--port", "0", "--models-dir", str(models), "--no-default-dirs"],
                                 env=run_env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
@@ -162,7 +164,8 @@ def check_installed_program_serves(program: Path, env: dict[str, str], tmp_path:
         with urllib.request.urlopen(url, timeout=30) as reply:
             doc = json.loads(reply.read())
         assert doc["object"] == "service" and doc["service"]["name"] == "lmsp-tray"
-        with urllib.request.urlopen(url + "/models", timeout=30) as reply:
+        request = urllib.request.Request(url + "/models", headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=30) as reply:
             ids = [m["id"] for m in json.loads(reply.read())["data"]]
         assert ids == ["tiny-test:1m-f32"]
         proc.send_signal(signal.SIGTERM)

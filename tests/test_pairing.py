@@ -174,3 +174,44 @@ def test_tray_listener_hears_requests_and_decisions(daemon: LiveDaemon) -> None:
     p = ask(daemon, "Listener App")
     broker.deny(p["id"])
     assert heard == [("pending", "Listener App", p["user_code"]), ("denied", "Listener App", p["user_code"])]
+
+
+# -- the tray's side (in process, as the tray backend calls it) -------------------------------------
+def test_tray_sees_approves_and_announces_requests(daemon: LiveDaemon, tmp_path) -> None:
+    from lmsp_tray.autostart import Autostart
+    from lmsp_tray.tray_backend import DaemonTrayBackend, pairing_notification, tray_hooks
+
+    autostart = Autostart.for_platform("linux", environ={}, home=tmp_path, command=["lmsp-tray"])
+    hooks = tray_hooks(daemon.daemon)
+    backend = DaemonTrayBackend(daemon.daemon, autostart, hooks)
+    announced: list[str] = []
+    hooks.subscribe_pairings(lambda view, *_: announced.append(pairing_notification(view) or ""))
+    p = ask(daemon, "Notes App", ["models:read", "responses:create"])
+    [shown] = backend.snapshot().pairings
+    assert (shown.id, shown.app_name, shown.scopes, shown.user_code) == (
+        p["id"], "Notes App", ("models:read", "responses:create"), p["user_code"])
+    assert announced == [f"Notes App asks for a token (models:read, responses:create). Code {p['user_code']}: "
+                         "approve or deny it in the lmsp-tray menu."]
+    backend.approve_pairing(shown.id)
+    assert backend.snapshot().pairings == () and announced[-1] == ""  # decisions are not announced
+    token = poll(daemon, p).json()["token"]
+    assert token not in repr(backend.snapshot())  # the menu state never holds a secret
+    assert backend.access_token() == daemon.owner_token
+
+
+def test_tray_shows_keyring_trouble(lmsp_home, models_dir, tmp_path) -> None:
+    import keyring.backends.fail
+
+    from lmsp_tray.autostart import Autostart
+    from lmsp_tray.tray_backend import DaemonTrayBackend, tray_hooks
+    from lmsp_tray.vault import SecretVault
+    from support import start_daemon
+
+    live = start_daemon(models_dir, vault=SecretVault(keyring.backends.fail.Keyring()))
+    try:
+        autostart = Autostart.for_platform("linux", environ={}, home=tmp_path, command=["lmsp-tray"])
+        state = DaemonTrayBackend(live.daemon, autostart, tray_hooks(live.daemon)).snapshot()
+        assert state.notice == "Keyring unavailable: no keyring backend is installed or running"
+        assert state.token_available  # the session owner token still works for this run
+    finally:
+        live.stop()

@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from support import TINY_ID
+from support import TINY_ID, cli_token
 from xvfb import missing_tools, wait_for
 
 pytest.importorskip("PyInstaller", reason="needs PyInstaller (test extra)")
@@ -126,6 +126,7 @@ def service_url(tmp_path: Path, proc: subprocess.Popen, timeout: float = 120) ->
 
 def test_frozen_program_serves_a_generated_model(frozen, tmp_path, models_dir):
     out_file = tmp_path / "frozen.log"
+    token = cli_token([str(frozen)], free_env(tmp_path), cwd=tmp_path)
     started = time.monotonic()
     with out_file.open("w") as out:
         proc = subprocess.Popen([str(frozen), "serve", "--port", "0", "--models-dir", str(models_dir),
@@ -134,7 +135,7 @@ def test_frozen_program_serves_a_generated_model(frozen, tmp_path, models_dir):
     try:
         url = service_url(tmp_path, proc)
         print(f"frozen program listening {time.monotonic() - started:.1f} s after start")
-        with httpx.Client(base_url=url, timeout=120) as c:
+        with httpx.Client(base_url=url, timeout=120, headers={"Authorization": f"Bearer {token}"}) as c:
             doc = c.get("").json()
             assert doc["object"] == "service" and doc["service"]["name"] == "lmsp-tray"
             models = {m["id"]: m for m in c.get("/models").json()["data"]}

@@ -196,8 +196,14 @@ def test_security_hooks_reach_the_menu(daemon, autostart):
     assert backend.access_token() == "lmsp_secret"
     backend.approve_pairing("pair_1")
     assert answered == [("approve", "pair_1")] and backend.snapshot().pairings == ()
-    # The defaults (before security is wired): no token, no requests, and answering says why.
-    plain = DaemonTrayBackend(daemon.daemon, autostart, tray_hooks(daemon.daemon))
+    # The daemon's own hooks: its owner token, its pairing broker (tests/test_pairing.py goes further).
+    real = DaemonTrayBackend(daemon.daemon, autostart, tray_hooks(daemon.daemon))
+    assert real.access_token() == daemon.owner_token and real.snapshot().pairings == ()
+    assert real.snapshot().notice is None
+    with pytest.raises(LMSPError, match="No pairing request"):
+        real.deny_pairing("pair_x")
+    # Without hooks: no token, no requests, and answering says why.
+    plain = DaemonTrayBackend(daemon.daemon, autostart, TrayHooks())
     assert plain.access_token() is None and plain.snapshot().pairings == ()
     with pytest.raises(LMSPError, match="not supported"):
         plain.deny_pairing("pair_x")
@@ -213,7 +219,7 @@ def test_quit_stops_the_daemon_cleanly(daemon_factory, autostart):
     streaming = threading.Event()
 
     def stream() -> None:
-        with httpx.Client(base_url=live.url, timeout=60) as c:
+        with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
             with c.stream("POST", "/responses", json={"model": SLOW_ID, "input": "x", "max_output_tokens": 4000,
                                                       "stream": True}) as r:
                 for event in iter_sse(r):

@@ -26,9 +26,11 @@ import pytest
 
 from gguf_factory import write_tiny_gguf
 from lmsp_tray.menu import ModelView, TrayState, build_menu
-from support import SLOW_ID, SSE, TINY_ID, iter_sse
+from support import SLOW_ID, SSE, TINY_ID, cli_token, iter_sse
 from tray_driver import TIMEOUT, TrayProcess, as_shown, shown
 from xvfb import ROOT, XSession, missing_tools, spec_keys, wait_for
+
+KEYRING_NOTICE = "Keyring unavailable: no keyring backend is installed or running"
 
 pytestmark = pytest.mark.skipif(bool(missing_tools()), reason=f"needs {', '.join(missing_tools())}")
 
@@ -66,7 +68,10 @@ class DaemonTray(TrayProcess):
             # This checkout first (not an installed copy), then the probe's sitecustomize.
             PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests" / "probe_site")]),
             LMSP_TRAY_PROBE_DIR=str(tmp / "probe"),
+            # No keyring on this desktop: the menu must say so (and the API still works with tokens).
+            PYTHON_KEYRING_BACKEND="keyring.backends.fail.Keyring",
         )
+        self.token = cli_token(program(), env, cwd=ROOT)
         argv = [*program(), "--port", "0", "--models-dir", str(models_dir), "--no-default-dirs"]
         # A session bus without a notification daemon, as on many minimal desktops.
         argv = ["dbus-run-session", "--", *argv]
@@ -121,16 +126,18 @@ def test_real_program_tray_drives_the_daemon(tray, xsession, models_dir):
     shot = xsession.screenshot("daemon-tray-icon.png")
     assert tray.icon_colour_share(shot, "idle") > 0.3, "the idle (blue) icon is not visible in the tray"
 
-    with httpx.Client(base_url=url, timeout=60) as api:
+    auth = {"Authorization": f"Bearer {tray.token}"}
+    with httpx.Client(base_url=url, timeout=60, headers=auth) as api:
         models = api_models(api)
         assert {m["id"] for m in models} == {TINY_ID, SLOW_ID}
         assert tray.wait_item(url)["text"] == f"{url} \u2014 0 of 2 models loaded"
         # The Gtk menu is the pure model's menu for what the API reports.
         expected = build_menu(TrayState(url=url, models=tuple(ModelView(m["id"], m["size_bytes"], m["quantization"])
-                                                              for m in models)))
+                                                              for m in models),
+                                        token_available=True, notice=KEYRING_NOTICE))
         wait_for(lambda: shown(tray.menu()["items"]) == as_shown(expected), TIMEOUT, "the menu to match the API")
         assert tray.keys_to("Models", TINY_ID) == spec_keys(expected, "Models", TINY_ID)
-        assert tray.item("Copy access token")["sensitive"] is False  # until the security hook is filled
+        assert tray.item("Copy access token")["sensitive"] is True  # the session owner token
 
         tray.show("Models", screenshot="daemon-tray-menu-models.png")
 
@@ -173,7 +180,7 @@ def test_real_program_tray_drives_the_daemon(tray, xsession, models_dir):
         streaming = threading.Event()
 
         def stream() -> None:
-            with httpx.Client(base_url=url, timeout=120) as c:
+            with httpx.Client(base_url=url, timeout=120, headers=auth) as c:
                 with c.stream("POST", "/responses", json={"model": SLOW_ID, "input": "x", "max_output_tokens": 4000,
                                                           "stream": True}) as r:
                     for event in iter_sse(r):
