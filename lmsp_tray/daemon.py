@@ -81,7 +81,8 @@ def find_running(paths: Paths, timeout: float = 1.0) -> RunningInstance | None:
         except PermissionError:
             pass
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as reply:  # noqa: S310 (loopback URL we wrote)
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
+        with opener.open(url, timeout=timeout) as reply:  # loopback URL we wrote
             doc = json.loads(reply.read())
         if doc.get("object") == "service":
             return RunningInstance(url, pid)

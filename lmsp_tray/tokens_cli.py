@@ -160,8 +160,10 @@ class ServiceAPI:
         request.add_header("Authorization", f"Bearer {self._token}")
         if data is not None:
             request.add_header("Content-Type", "application/json")
+        # No proxies: the owner token must never travel anywhere but the loopback service.
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         try:
-            with urllib.request.urlopen(request, timeout=60) as reply:  # noqa: S310 — loopback URL from service.json
+            with opener.open(request, timeout=60) as reply:  # loopback URL from service.json
                 return json.loads(reply.read())
         except urllib.error.HTTPError as exc:
             raise CommandError(_problem_line(exc)) from None

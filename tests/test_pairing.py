@@ -215,3 +215,15 @@ def test_tray_shows_keyring_trouble(lmsp_home, models_dir, tmp_path) -> None:
         assert state.token_available  # the session owner token still works for this run
     finally:
         live.stop()
+
+
+def test_cli_ignores_proxy_settings(cli_env: LiveDaemon, monkeypatch: pytest.MonkeyPatch,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI sends the owner token only to the loopback service, never to a configured proxy."""
+    ask(cli_env, "Proxy App")
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # a proxy that does not exist
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    assert cli_main(["tokens", "pairings"]) == 0  # answered by the running service only
+    assert "Proxy App" in capsys.readouterr().out
