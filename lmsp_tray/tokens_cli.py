@@ -195,8 +195,8 @@ def _created(token_id: str, secret: str, keyring_problem: str | None) -> int:
     sys.stdout.flush()
     print(f"created {token_id}; this is the only time its secret is shown.", file=sys.stderr)
     if keyring_problem is not None:
-        print(f"lmsp-tray: warning: the secret was not saved in the OS keyring. {keyring_problem}".rstrip(),
-              file=sys.stderr)
+        why = f" because {keyring_problem}" if keyring_problem else ""
+        print(f"lmsp-tray: warning: the secret was not saved in the OS keyring{why}", file=sys.stderr)
     return 0
 
 
