@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     autostart = commands.add_parser("autostart", help="start lmsp-tray at login (off by default)")
     autostart.add_argument("action", choices=["enable", "disable", "status"])
+
+    from lmsp_tray.tokens_cli import add_parser as add_tokens_parser
+
+    add_tokens_parser(commands)
     return parser
 
 
@@ -173,14 +177,18 @@ def cmd_serve(paths: Paths, config: Config, args: argparse.Namespace, *, tray: b
         return _fail(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}. "
                      f"Another program uses this port; choose one with --port N or `port` in {paths.config_file}.")
     count = sum(1 for e in catalog.entries() if e.ok)
-    print(f"lmsp-tray {__version__} serving {daemon.url} with {count} model(s). Stop with Ctrl+C.", file=sys.stderr)
     if tray:
-        from lmsp_tray.tray import display_available, run_tray
+        from lmsp_tray.desktop import display_available, headless_message
 
         if display_available():
-            return run_tray(daemon, sock)
-        print("No display found (DISPLAY/WAYLAND_DISPLAY unset): running headless without a tray icon.",
-              file=sys.stderr)
+            from lmsp_tray.tray_backend import run_tray
+
+            return run_tray(daemon, sock, announce=f"lmsp-tray {__version__} serving {daemon.url} with {count} "
+                            f"model(s) from the system tray. Quit from its menu or with Ctrl+C.")
+        print(headless_message(daemon.url), file=sys.stderr, flush=True)
+    else:
+        print(f"lmsp-tray {__version__} serving {daemon.url} with {count} model(s). Stop with Ctrl+C.",
+              file=sys.stderr, flush=True)
     daemon.serve_forever(sock)
     return 0
 
@@ -206,5 +214,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"cannot create lmsp-tray's folders: {exc}")
     if args.command == "models":
         return cmd_models(paths, config, args)
+    if args.command == "tokens":
+        from lmsp_tray.tokens_cli import run as cmd_tokens
+
+        return cmd_tokens(paths, config, args)
     setup_logging(paths, args.verbose)
     return cmd_serve(paths, config, args, tray=args.command is None)

@@ -2,7 +2,9 @@
 
 Nothing else in the package constructs long-lived objects. `Daemon` builds
 the llama.cpp runtime, the catalog, the model manager and the service from
-`Paths` and `Config`, runs uvicorn on loopback (in the foreground for
+`Paths` and `Config`, opens the store (token metadata; its housekeeper
+writes token last-used times), makes sure an owner token exists (`auth`:
+tokens and pairings, also used by the tray), runs uvicorn on loopback (in the foreground for
 `serve`, or on a background thread under the tray), writes the discovery
 file once the socket is bound and removes it on exit. SIGTERM/SIGINT or
 Quit: stop accepting, end open streams with a terminal event, unload models.
@@ -42,15 +44,20 @@ from lmsp_tray.engine.manager import MemoryBudget, ModelManager
 from lmsp_tray.engine.plan import MAX_DEFAULT_PARALLEL, LoadOptions
 from lmsp_tray.engine.runtime import Runtime
 from lmsp_tray.http.app import create_app
+from lmsp_tray.http.security import MAX_HEADER_BYTES
+from lmsp_tray.pairing import Auth, PairingBroker
 from lmsp_tray.recovery import recover
 from lmsp_tray.replay import Idempotency
 from lmsp_tray.responder import Responder
 from lmsp_tray.service import Capabilities, Service
-from lmsp_tray.store import Database, Housekeeper
+from lmsp_tray.store import Database, Housekeeper, LastUsedBatcher
 from lmsp_tray.store.idempotency import IDEMPOTENCY_TTL_S
 from lmsp_tray.tasks import TaskManager
+from lmsp_tray.tokens import StoreTokenRepository, TokenManager, TokenRepository
+from lmsp_tray.vault import SecretVault
 
 log = logging.getLogger("lmsp_tray.daemon")
+
 
 
 class _Server(uvicorn.Server):
@@ -87,7 +94,8 @@ def find_running(paths: Paths, timeout: float = 1.0) -> RunningInstance | None:
         except PermissionError:
             pass
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as reply:  # noqa: S310 (loopback URL we wrote)
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
+        with opener.open(url, timeout=timeout) as reply:  # loopback URL we wrote
             doc = json.loads(reply.read())
         if doc.get("object") == "service":
             return RunningInstance(url, pid)
@@ -157,7 +165,8 @@ class StoreSettings:
 
 
 class Daemon:
-    def __init__(self, paths: Paths, config: Config, *, catalog: Any) -> None:
+    def __init__(self, paths: Paths, config: Config, *, catalog: Any, vault: SecretVault | None = None,
+                 token_repository: TokenRepository | None = None) -> None:
         self.paths = paths
         self.config = config
         self.catalog = catalog
@@ -173,17 +182,21 @@ class Daemon:
         except BaseException:
             self.db.close()
             raise
+        last_used = LastUsedBatcher()
         self.housekeeper = Housekeeper(
             self.db, event_retention_s=settings.event_retention_s, idempotency_ttl_s=settings.idempotency_ttl_s,
             response_ttl_s=settings.response_ttl_s, task_ttl_s=settings.task_ttl_s,
-            interval_s=settings.housekeeping_interval_s)
+            interval_s=settings.housekeeping_interval_s, last_used=last_used).start()
+        tokens = TokenManager(token_repository or StoreTokenRepository(self.db, last_used), vault or SecretVault())
+        tokens.ensure_owner()
+        self.auth = Auth(tokens=tokens, pairings=PairingBroker(tokens))
         self.conversations = Conversations(self.db)
         self.idempotency = Idempotency(self.db, ttl_s=settings.idempotency_ttl_s)
         self.responder = Responder(self.service, db=self.db, conversations=self.conversations,
                                    idempotency=self.idempotency)
         self.tasks = TaskManager(self.service, self.db, self.conversations, self.idempotency,
                                  max_running=config.parallel or MAX_DEFAULT_PARALLEL)
-        self.app = create_app(self.service, responder=self.responder, conversations=self.conversations,
+        self.app = create_app(self.service, self.auth, responder=self.responder, conversations=self.conversations,
                               tasks=self.tasks)
         self.watcher = FolderWatcher(catalog)
         self.watcher.subscribe(self._models_changed)
@@ -193,6 +206,7 @@ class Daemon:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = threading.Event()
         self._startup_error: BaseException | None = None
+        self._closed = False
 
     def _models_changed(self, _entries: Any, _added: set[str], removed: set[str]) -> None:
         """A model file went away: unload it once its running requests have finished."""
@@ -209,6 +223,8 @@ class Daemon:
             access_log=False,
             lifespan="off",
             ws="none",
+            http="h11",  # h11 bounds an unfinished request head (httptools does not); security checks the rest
+            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
             timeout_graceful_shutdown=5,
             server_header=False,
             date_header=True,
@@ -218,6 +234,8 @@ class Daemon:
     def bind(self, port: int | None = None) -> socket.socket:
         """Bind the loopback socket (port 0 picks a free one)."""
         host = self.config.host if self.config.host != "localhost" else "127.0.0.1"
+        if host not in ("127.0.0.1", "::1"):
+            raise OSError(f"refusing to listen on {host}: lmsp-tray binds loopback only")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -237,7 +255,6 @@ class Daemon:
         self._loop = asyncio.get_running_loop()
         server = _Server(self._uvicorn_config(sock))
         self._server = server
-        self.housekeeper.start()
         self.tasks.resume(self._queued)  # tasks left queued by the last run start with the server
         serve_task = asyncio.ensure_future(server.serve(sockets=[sock]))
         while not server.started and not serve_task.done():
@@ -298,13 +315,22 @@ class Daemon:
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(begin)
 
+    @property
+    def serving(self) -> bool:
+        """Whether the background server thread is running."""
+        return self._thread is not None and self._thread.is_alive()
+
     def stop_background(self, timeout: float = 10.0) -> None:
+        """Stop like SIGTERM does and wait for it (safe to call again: later calls do nothing)."""
         self.request_stop()
         if self._thread is not None:
             self._thread.join(timeout)
         self.close()
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self._remove_discovery_file()
         self.watcher.stop()
         self.models.close()
@@ -316,6 +342,9 @@ class Daemon:
         path = self.paths.discovery_file
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         doc = {"url": self.url, "pid": os.getpid(), "version": __version__, "started_at": int(time.time())}
+        tokens = self.auth.tokens
+        if tokens.owner_id and not tokens.owner_ephemeral:
+            doc["owner_token_id"] = tokens.owner_id  # an id, not a secret: the CLI finds the secret in the keyring
         tmp = path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -43,18 +43,11 @@ from lmsp_tray.errors import (
 )
 from lmsp_tray.protocol.events import Event, ResponseAssembler
 from lmsp_tray.protocol.requests import FunctionCall, FunctionCallOutput, Message, ResponseRequest
+from lmsp_tray.tokens import SCOPES
 
 log = logging.getLogger("lmsp_tray.service")
 
-SCOPES = (
-    "models:read",
-    "models:manage",
-    "responses:create",
-    "responses:read",
-    "tasks:create",
-    "tasks:read",
-    "tokens:manage",
-)
+INLINE_PROMPT_CHARS = 16_000
 
 
 class Catalog(Protocol):
@@ -241,8 +234,14 @@ class Service:
         self._check_capabilities(entry, request)
         keep_alive = self._keep_alive(request)
         for attempt in range(2):
-            model = await asyncio.to_thread(self.models.acquire, entry, keep_alive=keep_alive)
-            prompt = await asyncio.to_thread(self._prompt_tokens, model, request)
+            # The common case, already loaded, takes no thread hop (it counts in time to first token).
+            model = self.models.use_if_loaded(entry.id, keep_alive=keep_alive)
+            if model is None:
+                model = await asyncio.to_thread(self.models.acquire, entry, keep_alive=keep_alive)
+            if sum(len(getattr(i, "text", "")) for i in request.items) < INLINE_PROMPT_CHARS:
+                prompt = self._prompt_tokens(model, request)
+            else:  # long inputs are rendered and tokenized off the event loop
+                prompt = await asyncio.to_thread(self._prompt_tokens, model, request)
             job, queue = self._job(model, request, prompt)
             try:
                 model.submit(job)

@@ -230,8 +230,14 @@ class TaskManager:
                                      param="status")
         if not 1 <= limit <= MAX_LIST_LIMIT:
             raise InvalidRequest(f"limit must be between 1 and {MAX_LIST_LIMIT}.", param="limit")
-        return await self.db.aread(task_store.list_tasks, status=status or None, owner=caller.owner, limit=limit,
-                                   after=after)
+        try:
+            return await self.db.aread(task_store.list_tasks, status=status or None, owner=caller.owner,
+                                       limit=limit, after=after)
+        except InvalidRequest as exc:
+            if exc.param != "after":
+                raise
+            raise TaskNotFound(f"No task '{after}' to continue the list after; start again without 'after'.",
+                               param="after") from None
 
     async def cancel(self, task_id: str, *, caller: Caller = ANONYMOUS) -> TaskRecord:
         """End a queued or running task `cancelled`; a finished task is returned unchanged."""

@@ -11,6 +11,7 @@ import pytest
 
 from gguf_factory import write_tiny_gguf
 from support import LiveDaemon, start_daemon
+from secret_audit import secret_audit  # noqa: F401 — autouse: no issued secret in any file the run wrote
 
 
 @pytest.fixture(scope="session")
@@ -74,5 +75,5 @@ def daemon(daemon_factory: Callable[..., LiveDaemon]) -> LiveDaemon:
 
 @pytest.fixture
 def client(daemon: LiveDaemon) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=daemon.url, timeout=60) as c:
+    with httpx.Client(base_url=daemon.url, timeout=60, headers=daemon.auth_headers) as c:
         yield c

@@ -16,6 +16,25 @@ TINY_ID = "tiny-test:1m-f32"
 SLOW_ID = "slow-test:4m-f32"
 
 
+class MemoryVault:
+    """Stands in for the OS keyring in tests that are not about it (tests/test_keyring.py uses the real one)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, str] = {}
+
+    def check(self) -> None:
+        pass
+
+    def store(self, token_id: str, secret: str) -> None:
+        self.entries[token_id] = secret
+
+    def load(self, token_id: str) -> str | None:
+        return self.entries.get(token_id)
+
+    def delete(self, token_id: str) -> bool:
+        return self.entries.pop(token_id, None) is not None
+
+
 @dataclass
 class LiveDaemon:
     daemon: Daemon
@@ -24,6 +43,21 @@ class LiveDaemon:
     @property
     def service(self):
         return self.daemon.service
+
+    @property
+    def owner_token(self) -> str:
+        secret = self.daemon.auth.tokens.owner_secret
+        assert secret
+        return secret
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.owner_token}"}
+
+    @property
+    def base(self) -> str:
+        """http://127.0.0.1:PORT (without /lmsp/v1)."""
+        return self.url.removesuffix("/lmsp/v1")
 
     def scheduler(self, model_id: str = TINY_ID):
         model = self.daemon.models.get(model_id)
@@ -34,13 +68,31 @@ class LiveDaemon:
         self.daemon.stop_background()
 
 
-def start_daemon(models_dir: Path, **overrides: Any) -> LiveDaemon:
+def start_daemon(models_dir: Path, *, vault: Any = None, token_repository: Any = None, **overrides: Any) -> LiveDaemon:
     paths = resolve_paths().ensure()
     config = Config(models_dirs=[models_dir], default_dirs=False, demo_model=False).with_overrides(**overrides)
-    daemon = Daemon(paths, config, catalog=build_catalog(paths, config))
+    daemon = Daemon(paths, config, catalog=build_catalog(paths, config), vault=vault or MemoryVault(),
+                    token_repository=token_repository)
     daemon.start_background(daemon.bind(0))
     assert daemon.url
     return LiveDaemon(daemon, daemon.url)
+
+
+def cli_token(argv: list[str], env: dict[str, str], *scopes: str, cwd: Any = None) -> str:
+    """A token made by `<argv> tokens create` before the service starts (the CLI then acts on the data folder).
+
+    Only the secret is on stdout; without a keyring it warns on stderr and still prints it.
+    """
+    import subprocess
+
+    args = [*argv, "tokens", "create", "--name", "test"]
+    for scope in scopes or ("models:read", "models:manage", "responses:create"):
+        args += ["--scope", scope]
+    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300, cwd=cwd)
+    assert out.returncode == 0, out.stderr
+    secret = out.stdout.strip()
+    assert secret.startswith("lmsp_") and "\n" not in secret, out.stdout
+    return secret
 
 
 @dataclass

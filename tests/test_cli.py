@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from support import TINY_ID, events, iter_sse, SSE
+from support import TINY_ID, events, iter_sse, SSE, cli_token as make_token
 
 
 def run_cli(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
@@ -49,6 +49,10 @@ def wait_url(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
         except httpx.HTTPError:
             time.sleep(0.1)
     raise AssertionError(f"{url} never answered")
+
+
+def cli_token(env: dict[str, str], *scopes: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {make_token([sys.executable, '-m', 'lmsp_tray'], env, *scopes)}"}
 
 
 def test_help_and_version(env: dict[str, str]) -> None:
@@ -86,6 +90,7 @@ def test_serve_single_instance_and_clean_sigterm(env: dict[str, str], models_dir
     port = free_port()
     args = [sys.executable, "-m", "lmsp_tray", "serve", "--port", str(port), "--models-dir", str(models_dir),
             "--no-default-dirs"]
+    headers = cli_token(env)
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}/lmsp/v1"
     try:
@@ -101,7 +106,7 @@ def test_serve_single_instance_and_clean_sigterm(env: dict[str, str], models_dir
         assert f"already running at {url}" in second.stdout
 
         # An open stream gets its terminal event when the service is asked to stop.
-        with httpx.Client(timeout=60) as c:
+        with httpx.Client(timeout=60, headers=headers) as c:
             c.post(f"{url}/models/slow-test:4m-f32/load").raise_for_status()
             with c.stream("POST", f"{url}/responses", json={"model": "slow-test:4m-f32", "input": "x",
                                                             "max_output_tokens": 4000, "stream": True}) as r:
@@ -133,12 +138,13 @@ def test_busy_port_is_a_clear_error(env: dict[str, str], models_dir: Path) -> No
 def test_demo_model_when_user_has_none(env: dict[str, str], gemma_gguf: Path) -> None:
     """No models anywhere: the demo extra's Gemma file is assembled once, with progress, and served."""
     port = free_port()
+    headers = cli_token(env, "models:read")
     proc = subprocess.Popen([sys.executable, "-m", "lmsp_tray", "serve", "--port", str(port)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}/lmsp/v1"
     try:
         wait_url(url, proc, timeout=120)
-        models = httpx.get(f"{url}/models", timeout=30).json()["data"]
+        models = httpx.get(f"{url}/models", timeout=30, headers=headers).json()["data"]
         assert [m["id"] for m in models] == ["gemma-3:270m-q4_k_m"]
         assert models[0]["source"] == "lmsp-tray"
     finally:

@@ -10,7 +10,7 @@ from support import TINY_ID
 
 
 def test_openai_sdk_sync_and_stream(daemon) -> None:
-    client = openai.OpenAI(base_url=daemon.url, api_key="unused-until-tokens", max_retries=0)
+    client = openai.OpenAI(base_url=daemon.url, api_key=daemon.owner_token, max_retries=0)
     resp = client.responses.create(model=TINY_ID, input="Say hi", max_output_tokens=6, temperature=0)
     assert resp.id.startswith("resp_")
     assert resp.status == "incomplete"
@@ -40,7 +40,7 @@ def test_openai_sdk_sync_and_stream(daemon) -> None:
 
 
 def test_openai_sdk_sees_problem_documents(daemon) -> None:
-    client = openai.OpenAI(base_url=daemon.url, api_key="x", max_retries=0)
+    client = openai.OpenAI(base_url=daemon.url, api_key=daemon.owner_token, max_retries=0)
     try:
         client.responses.create(model="no-such-model", input="hi")
     except openai.NotFoundError as exc:
@@ -51,7 +51,7 @@ def test_openai_sdk_sees_problem_documents(daemon) -> None:
 
 
 def test_httpx_sse_client(daemon) -> None:
-    with httpx.Client(timeout=30) as c:
+    with httpx.Client(timeout=30, headers=daemon.auth_headers) as c:
         with connect_sse(c, "POST", f"{daemon.url}/responses",
                          json={"model": TINY_ID, "input": "x", "stream": True, "max_output_tokens": 4}) as source:
             evs = list(source.iter_sse())

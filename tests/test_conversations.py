@@ -61,7 +61,7 @@ def test_streamed_response_is_stored_before_its_terminal_event(client: httpx.Cli
 def test_three_turn_conversation(daemon_factory) -> None:
     live = daemon_factory(parallel=2)
     turns = ["Tell me about lighthouses.", "And about the sea?", "Summarise both."]
-    with httpx.Client(base_url=live.url, timeout=60) as c:
+    with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
         previous = None
         docs = []
         for text in turns:
@@ -113,7 +113,7 @@ def test_instructions_are_not_carried_over(client: httpx.Client) -> None:
 def test_chain_longer_than_the_window(daemon_factory) -> None:
     live = daemon_factory()
     chunk = "the keeper climbs the stairs and lights the lamp " * 2
-    with httpx.Client(base_url=live.url, timeout=60) as c:
+    with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
         previous = None
         sizes = []
         for _ in range(12):

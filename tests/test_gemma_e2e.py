@@ -24,7 +24,7 @@ def gemma_daemon(tmp_path: Path, lmsp_home: Path, gemma_gguf: Path):
 
 
 def test_gemma_sync_and_stream(gemma_daemon) -> None:
-    with httpx.Client(base_url=gemma_daemon.url, timeout=120) as c:
+    with httpx.Client(base_url=gemma_daemon.url, timeout=120, headers=gemma_daemon.auth_headers) as c:
         listing = c.get("/models").json()["data"]
         [model] = [m for m in listing if m["id"] == GEMMA_ID]
         assert model["architecture"] == "gemma3" and model["parameters"] == "270M"

@@ -191,7 +191,7 @@ def test_liberal_inputs(client: httpx.Client) -> None:
 
 def test_disconnect_stops_generation_and_next_request_starts(daemon_factory) -> None:
     live = daemon_factory(parallel=1)
-    with httpx.Client(base_url=live.url, timeout=60) as c:
+    with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
         c.post(f"/models/{SLOW_ID}/load").raise_for_status()
         sched = live.scheduler(SLOW_ID)
         with c.stream("POST", "/responses", json=body(model=SLOW_ID, max_output_tokens=4000, stream=True)) as r:
@@ -217,11 +217,12 @@ def test_disconnect_stops_generation_and_next_request_starts(daemon_factory) -> 
 
 def test_sync_disconnect_cancels(daemon_factory) -> None:
     live = daemon_factory(parallel=1)
-    with httpx.Client(base_url=live.url, timeout=60) as c:
+    with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
         c.post(f"/models/{SLOW_ID}/load").raise_for_status()
     sched = live.scheduler(SLOW_ID)
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{live.url}/responses", json=body(model=SLOW_ID, max_output_tokens=4000), timeout=0.5)
+        httpx.post(f"{live.url}/responses", json=body(model=SLOW_ID, max_output_tokens=4000), timeout=0.5,
+                   headers=live.auth_headers)
     deadline = time.monotonic() + 5
     while sched.generating and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -238,7 +239,7 @@ def test_fifo_queue_and_429(daemon_factory) -> None:
     release_first = threading.Event()
 
     def run(name: str, tokens: int) -> None:
-        with httpx.Client(base_url=live.url, timeout=120) as own:
+        with httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as own:
             with own.stream("POST", "/responses", json=body(model=SLOW_ID, max_output_tokens=tokens, stream=True)) as r:
                 for e in iter_sse(r):
                     if isinstance(e, SSE) and e.event == "response.output_text.delta" and name not in order:
@@ -248,7 +249,7 @@ def test_fifo_queue_and_429(daemon_factory) -> None:
                             release_first.wait(120)
                             return  # leaving cancels the long generation and frees the slot
 
-    with httpx.Client(base_url=live.url, timeout=120) as c:
+    with httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as c:
         c.post(f"/models/{SLOW_ID}/load").raise_for_status()
         sched = live.scheduler(SLOW_ID)
         first = threading.Thread(target=run, args=("first", 4000))

@@ -12,8 +12,9 @@ from starlette.requests import Request
 
 from lmsp_tray.errors import IdempotencyKeyInProgress
 from lmsp_tray.http.routes import caller_of
+from lmsp_tray.http.security import STATE_TOKEN
 from lmsp_tray.replay import ANONYMOUS, Caller, Claim, Idempotency, Replay
-from lmsp_tray.store import Database, idempotency
+from lmsp_tray.store import Database, TokenRecord, idempotency
 from support import SLOW_ID, SSE, body, events, iter_sse
 
 
@@ -60,7 +61,7 @@ def test_in_progress_then_replay(daemon_factory) -> None:
     live = daemon_factory()
     k = key("busy")
     req = body("take your time", model=SLOW_ID, max_output_tokens=200, stream=True)
-    with httpx.Client(base_url=live.url, timeout=60) as c, httpx.Client(base_url=live.url, timeout=60) as other:
+    with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c, httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as other:
         with c.stream("POST", "/responses", json=req, headers=k) as r:
             original = []
             for e in iter_sse(r):
@@ -79,7 +80,7 @@ def test_in_progress_then_replay(daemon_factory) -> None:
 
 def test_key_is_released_when_the_client_leaves_or_the_request_fails(daemon_factory) -> None:
     live = daemon_factory()
-    with httpx.Client(base_url=live.url, timeout=60) as c:
+    with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
         k = key("left")
         req = body("leave early", model=SLOW_ID, max_output_tokens=2000, stream=True)
         with c.stream("POST", "/responses", json=req, headers=k) as r:
@@ -120,6 +121,27 @@ def test_tasks_replay(client: httpx.Client) -> None:
     assert sum(t["id"] == first.json()["id"] for t in tasks) == 1
 
 
+def test_keys_and_stored_objects_belong_to_their_token(client: httpx.Client) -> None:
+    made = client.post("/auth/tokens", json={"name": "other-app", "scopes": [
+        "responses:create", "responses:read", "tasks:create", "tasks:read"]})
+    assert made.status_code == 201, made.text
+    other = {"Authorization": f"Bearer {made.json()['secret']}"}
+    k = key("scoped")
+    req = body("per token", max_output_tokens=3, store=True)
+    mine = client.post("/responses", json=req, headers=k).json()
+    theirs = client.post("/responses", json=req, headers={**k, **other})
+    assert theirs.status_code == 200 and "idempotent-replayed" not in theirs.headers
+    assert theirs.json()["id"] != mine["id"]  # the same key in another token's scope is another key
+    assert client.get(f"/responses/{theirs.json()['id']}").status_code == 404
+    assert client.get(f"/responses/{mine['id']}", headers=other).status_code == 404
+    r = client.post("/responses", json=body("x", previous_response_id=mine["id"]), headers=other)
+    assert r.status_code == 404 and r.json()["code"] == "response_not_found"
+    task = client.post("/tasks", json=body("mine", max_output_tokens=2)).json()
+    assert client.get(f"/tasks/{task['id']}", headers=other).status_code == 404
+    assert task["id"] not in [t["id"] for t in client.get("/tasks", headers=other).json()["data"]]
+    assert client.post(f"/tasks/{task['id']}/cancel", headers=other).status_code == 404
+
+
 @pytest.mark.parametrize("bad", ["", "x" * 256, "caf\u00e9"])
 def test_malformed_keys(client: httpx.Client, bad: str) -> None:
     r = client.post("/responses", json=body("x", max_output_tokens=1),
@@ -127,19 +149,18 @@ def test_malformed_keys(client: httpx.Client, bad: str) -> None:
     assert r.status_code == 400 and r.json()["param"] == "Idempotency-Key"
 
 
-def _request(extra: dict) -> Request:
-    return Request({"type": "http", "method": "POST", "path": "/", "headers": [], **extra})
+def _request(token: object = None) -> Request:
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": []}
+    if token is not None:
+        scope["state"] = {STATE_TOKEN: token}  # where the security middleware puts the authorized token
+    return Request(scope)
 
 
 def test_keys_are_scoped_per_token(tmp_path: Path) -> None:
-    """The hook the security layer fills: `scope["lmsp.token"]` scopes keys and owns stored objects."""
-    assert caller_of(_request({})) == ANONYMOUS
-    assert caller_of(_request({"lmsp.token": "tok_a"})) == Caller("tok_a", "tok_a")
-
-    class Token:
-        id = "tok_b"
-
-    assert caller_of(_request({"lmsp.token": Token()})) == Caller("tok_b", "tok_b")
+    """`caller_of` reads the token the security layer authorized; keys are scoped to it."""
+    assert caller_of(_request()) == ANONYMOUS
+    token = TokenRecord("tok_a", "app", ("responses:create",), time.time(), "0" * 64)
+    assert caller_of(_request(token)) == Caller("tok_a", "tok_a")
 
     async def scenario(db: Database) -> None:
         keys = Idempotency(db)

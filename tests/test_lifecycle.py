@@ -35,7 +35,7 @@ def other_model(models_dir: Path) -> Path:
 
 def test_idle_unload_after_keep_alive(daemon_factory) -> None:
     live = daemon_factory(keep_alive=0.5)
-    with httpx.Client(base_url=live.url, timeout=60) as c:
+    with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
         assert c.post("/responses", json=body(max_output_tokens=2)).status_code == 200
         assert state(c, TINY_ID) == "loaded"
         assert wait_for(lambda: state(c, TINY_ID) == "available", 10)
@@ -43,7 +43,7 @@ def test_idle_unload_after_keep_alive(daemon_factory) -> None:
 
 def test_per_request_keep_alive(daemon_factory) -> None:
     live = daemon_factory(keep_alive=None)  # never, unless a request says otherwise
-    with httpx.Client(base_url=live.url, timeout=60) as c:
+    with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
         r = c.post("/responses", json=body(max_output_tokens=2, extensions={"lmsp_tray": {"keep_alive": "1s"}}))
         assert r.status_code == 200
         assert wait_for(lambda: state(c, TINY_ID) == "available", 10)
@@ -53,7 +53,7 @@ def test_per_request_keep_alive(daemon_factory) -> None:
 
 def test_lru_eviction_order(daemon_factory, other_model: Path) -> None:
     live = daemon_factory(max_loaded_models=2, keep_alive=None)
-    with httpx.Client(base_url=live.url, timeout=60) as c:
+    with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
         c.post(f"/models/{TINY_ID}/load").raise_for_status()
         c.post(f"/models/{OTHER_ID}/load").raise_for_status()
         time.sleep(0.01)
@@ -70,7 +70,7 @@ def test_generating_model_is_never_evicted(daemon_factory, other_model: Path) ->
     stop = threading.Event()
 
     def generate() -> None:
-        with httpx.Client(base_url=live.url, timeout=120) as own:
+        with httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as own:
             with own.stream("POST", "/responses", json=body(model=SLOW_ID, max_output_tokens=4000, stream=True)) as r:
                 for e in iter_sse(r):
                     if isinstance(e, SSE) and e.event == "response.output_text.delta":
@@ -82,7 +82,7 @@ def test_generating_model_is_never_evicted(daemon_factory, other_model: Path) ->
     worker.start()
     try:
         assert started.wait(60)
-        with httpx.Client(base_url=live.url, timeout=60) as c:
+        with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
             r = c.post(f"/models/{TINY_ID}/load")
             assert r.status_code == 507, r.text
             doc = r.json()
@@ -100,7 +100,7 @@ def test_generating_model_is_never_evicted(daemon_factory, other_model: Path) ->
 
 def test_impossible_budget_is_507(daemon_factory) -> None:
     live = daemon_factory(memory_budget_fraction=1e-9)
-    with httpx.Client(base_url=live.url, timeout=60) as c:
+    with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
         r = c.post("/responses", json=body(max_output_tokens=2))
         assert r.status_code == 507
         doc = r.json()
@@ -112,7 +112,7 @@ def test_impossible_budget_is_507(daemon_factory) -> None:
 
 def test_folder_watching_adds_and_removes(daemon_factory, models_dir: Path, tmp_path: Path) -> None:
     live = daemon_factory()
-    with httpx.Client(base_url=live.url, timeout=60) as c:
+    with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
         ids = lambda: {m["id"] for m in c.get("/models").json()["data"]}  # noqa: E731
         assert OTHER_ID not in ids()
         staged = write_tiny_gguf(tmp_path / "staging" / "other-test.gguf", basename="other-test", size_label="2M")
@@ -127,7 +127,7 @@ def test_folder_watching_adds_and_removes(daemon_factory, models_dir: Path, tmp_
 
 def test_removed_loaded_model_finishes_its_work_first(daemon_factory, models_dir: Path) -> None:
     live = daemon_factory()
-    with httpx.Client(base_url=live.url, timeout=120) as c, httpx.Client(base_url=live.url, timeout=120) as watch:
+    with httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as c, httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as watch:
         c.post(f"/models/{SLOW_ID}/load").raise_for_status()
         with c.stream("POST", "/responses", json=body(model=SLOW_ID, max_output_tokens=4000, stream=True)) as r:
             events = iter_sse(r)

@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from lmsp_tray.store import Database
-from support import SLOW_ID, SSE, TINY_ID, body, iter_sse
+from support import SLOW_ID, SSE, TINY_ID, body, cli_token, iter_sse
 
 ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}
@@ -53,6 +53,9 @@ class Served:
         self.env.update({"LMSP_TRAY_HOME": str(self.home), "HOME": str(user), "HF_HOME": str(user / "hf"),
                          "OLLAMA_MODELS": str(user / "ollama"), "XDG_CACHE_HOME": str(user / ".cache")})
         self.models_dir = models_dir
+        self.token = cli_token([sys.executable, "-m", "lmsp_tray"], self.env, "models:read", "models:manage",
+                               "responses:create", "responses:read", "tasks:create", "tasks:read", cwd=ROOT)
+        self.headers = {"Authorization": f"Bearer {self.token}"}
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/lmsp/v1"
         self.proc: subprocess.Popen | None = None
@@ -124,7 +127,7 @@ def test_sigkill_mid_task_then_restart(tmp_path: Path, models_dir: Path) -> None
     served = Served(tmp_path, models_dir, "parallel = 1\n")  # one task at a time: the second one waits
     served.start()
     served.wait_ready()
-    with httpx.Client(base_url=served.url, timeout=60) as c:
+    with httpx.Client(base_url=served.url, timeout=60, headers=served.headers) as c:
         stored = c.post("/responses", json=body("keep this", max_output_tokens=5, store=True)).json()
         finished = c.post("/tasks", json=body("a finished task", max_output_tokens=6)).json()
         finished_events = read_all(c, finished["id"])
@@ -138,7 +141,7 @@ def test_sigkill_mid_task_then_restart(tmp_path: Path, models_dir: Path) -> None
 
     served.start()
     served.wait_ready()
-    with httpx.Client(base_url=served.url, timeout=60) as c:
+    with httpx.Client(base_url=served.url, timeout=60, headers=served.headers) as c:
         assert c.get(f"/responses/{stored['id']}").json() == stored
         assert c.get(f"/tasks/{finished['id']}").json() == finished_doc
         assert [(e.id, e.event, e.data) for e in read_all(c, finished["id"])] == \
@@ -167,8 +170,9 @@ def test_sigkill_mid_task_then_restart(tmp_path: Path, models_dir: Path) -> None
 class Load:
     """Clients hammering the service until it dies; remembers what the service acknowledged."""
 
-    def __init__(self, url: str, rnd: random.Random) -> None:
+    def __init__(self, url: str, rnd: random.Random, headers: dict[str, str]) -> None:
         self.url = url
+        self.headers = headers
         self.rnd = rnd
         self.tasks: set[str] = set()  # 202 received: must exist after any crash
         self.stored: dict[str, dict] = {}  # 200 with store: true
@@ -187,7 +191,7 @@ class Load:
 
     def _run(self, worker: int) -> None:
         rnd = random.Random(self.rnd.random())
-        with httpx.Client(base_url=self.url, timeout=30) as c:
+        with httpx.Client(base_url=self.url, timeout=30, headers=self.headers) as c:
             while not self.stop.is_set():
                 try:
                     self._one(c, rnd, worker)
@@ -233,7 +237,7 @@ def test_kill_restart_cycles_under_load(tmp_path: Path, models_dir: Path) -> Non
             served.kill()
             continue
         served.wait_ready()
-        load = Load(served.url, rnd)
+        load = Load(served.url, rnd, served.headers)
         load.start()
         time.sleep(rnd.uniform(0.3, 1.5))
         served.kill()
@@ -244,7 +248,7 @@ def test_kill_restart_cycles_under_load(tmp_path: Path, models_dir: Path) -> Non
 
     served.start()
     served.wait_ready()
-    with httpx.Client(base_url=served.url, timeout=60) as c:
+    with httpx.Client(base_url=served.url, timeout=60, headers=served.headers) as c:
         for task_id in acknowledged_tasks:
             wait_status(c, task_id, {"completed", "incomplete", "failed", "cancelled"})
         for rid, doc in stored.items():

@@ -80,7 +80,7 @@ def test_task_lifecycle_and_events(client: httpx.Client) -> None:
 def test_resume_after_cutting_the_connection_at_20_points(daemon_factory) -> None:
     live = daemon_factory()
     rng = random.Random(4711)
-    with httpx.Client(base_url=live.url, timeout=60) as c:
+    with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
         task = create(c, **body("Tell a long story.", model=SLOW_ID, max_output_tokens=400))
         seen: list[SSE] = []
         live_cuts = 0
@@ -122,7 +122,7 @@ def test_readers_only_see_committed_events(daemon_factory) -> None:
     jammer = threading.Thread(target=slow_writer)
     jammer.start()
     try:
-        with httpx.Client(base_url=live.url, timeout=60) as c:
+        with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
             task = create(c, **body("committed first", model=SLOW_ID, max_output_tokens=300))
             checked = 0
             with c.stream("GET", f"/tasks/{task['id']}/events") as r:
@@ -151,12 +151,12 @@ def test_after_beats_last_event_id(client: httpx.Client) -> None:
 
 def test_several_readers_follow_one_task(daemon_factory) -> None:
     live = daemon_factory()
-    with httpx.Client(base_url=live.url, timeout=60) as c:
+    with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
         task = create(c, **body("many readers", model=SLOW_ID, max_output_tokens=300))
     results: dict[int, list] = {}
 
     def follow(n: int) -> None:
-        with httpx.Client(base_url=live.url, timeout=60) as own:
+        with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as own:
             results[n] = [(e.id, e.event, e.data) for e in read(own, task["id"], after=n * 3)]
 
     threads = [threading.Thread(target=follow, args=(n,)) for n in range(4)]
@@ -173,7 +173,7 @@ def test_several_readers_follow_one_task(daemon_factory) -> None:
 
 def test_events_expire_after_retention_but_the_task_keeps_its_result(daemon_factory) -> None:
     live = daemon_factory(event_retention=1.0)
-    with httpx.Client(base_url=live.url, timeout=60) as c:
+    with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
         task = create(c, **body("short lived", max_output_tokens=5))
         evs = read(c, task["id"])
         assert evs[-1].event in TERMINAL
@@ -205,7 +205,7 @@ def test_events_expire_after_retention_but_the_task_keeps_its_result(daemon_fact
 
 def test_cancel_mid_generation(daemon_factory) -> None:
     live = daemon_factory(parallel=1)
-    with httpx.Client(base_url=live.url, timeout=60) as c:
+    with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
         task = create(c, **body("go on and on", model=SLOW_ID, max_output_tokens=4000))
         got: list[SSE] = []
         with c.stream("GET", f"/tasks/{task['id']}/events") as r:
@@ -236,7 +236,7 @@ def test_cancel_mid_generation(daemon_factory) -> None:
 
 def test_queued_tasks_wait_their_turn_and_can_be_cancelled(daemon_factory) -> None:
     live = daemon_factory(parallel=1)  # one task runs at a time
-    with httpx.Client(base_url=live.url, timeout=60) as c:
+    with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
         first = create(c, **body("first", model=SLOW_ID, max_output_tokens=4000))
         second = create(c, **body("second", max_output_tokens=4))
         third = create(c, **body("third", max_output_tokens=4))
@@ -309,14 +309,14 @@ def test_stored_task_response_continues_a_conversation(client: httpx.Client) -> 
 
 def test_shutdown_ends_running_tasks_cleanly_and_keeps_queued_ones(daemon_factory) -> None:
     live = daemon_factory(parallel=1)
-    with httpx.Client(base_url=live.url, timeout=60) as c:
+    with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
         running = create(c, **body("long", model=SLOW_ID, max_output_tokens=4000))
         waiting = create(c, **body("later", max_output_tokens=3))
         wait_for(c, running["id"], {"in_progress"})
         read(c, running["id"], stop_after=4)
     live.stop()
     again = daemon_factory(parallel=1)
-    with httpx.Client(base_url=again.url, timeout=60) as c:
+    with httpx.Client(base_url=again.url, timeout=60, headers=again.auth_headers) as c:
         doc = c.get(f"/tasks/{running['id']}").json()
         assert doc["status"] == "failed" and doc["error"]["code"] == "service_unavailable"
         evs = read(c, running["id"])

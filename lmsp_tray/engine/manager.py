@@ -105,6 +105,15 @@ class ModelManager:
             record = self._records.get(model_id)
             return record.model if record and record.state == LOADED else None
 
+    def use_if_loaded(self, model_id: str, *, keep_alive: float | None | str = DEFAULT) -> LlamaModel | None:
+        """The model if it is loaded right now (marking it used), else None; never blocks on a load."""
+        with self._lock:
+            record = self._records.get(model_id)
+            if record is None or record.state != LOADED or record.model is None:
+                return None
+            self._touch(record, keep_alive)
+            return record.model
+
     def loaded(self) -> list[LlamaModel]:
         with self._lock:
             return [r.model for r in self._records.values() if r.state == LOADED and r.model is not None]

@@ -1,4 +1,4 @@
-"""The Starlette application: routes, the LMSP-Version rule and problem documents."""
+"""The Starlette application: routes, security, the LMSP-Version rule and problem documents."""
 
 from __future__ import annotations
 
@@ -7,8 +7,12 @@ from typing import Any
 from starlette.applications import Starlette
 
 from lmsp_tray.errors import UnsupportedVersion
+from lmsp_tray.http.auth_routes import AUTH_ROUTES
 from lmsp_tray.http.problems import EXCEPTION_HANDLERS, send_problem
 from lmsp_tray.http.routes import ROUTES
+from lmsp_tray.http.security import SecurityMiddleware, SecurityPolicy
+from lmsp_tray.http.stored_routes import STORED_ROUTES
+from lmsp_tray.pairing import Auth
 from lmsp_tray.responder import Responder
 from lmsp_tray.service import Service
 
@@ -43,18 +47,21 @@ class VersionMiddleware:
         await self.app(scope, receive, send_with_version)
 
 
-def create_app(service: Service, *, responder: Responder | None = None, conversations: Any = None,
-               tasks: Any = None) -> Any:
-    """The ASGI app. With `conversations` and `tasks` (the daemon builds them over the store) the
-    stored-response and task endpoints exist; without, only the core API (`store` is ignored)."""
-    routes = list(ROUTES)
-    if conversations is not None and tasks is not None:
-        from lmsp_tray.http.stored_routes import ROUTES as STORED_ROUTES
+def all_routes() -> list[Any]:
+    return [*ROUTES, *STORED_ROUTES, *AUTH_ROUTES]
 
-        routes += STORED_ROUTES
-    app = Starlette(routes=routes, exception_handlers=dict(EXCEPTION_HANDLERS))
+
+def create_app(service: Service, auth: Auth, *, responder: Responder | None = None, conversations: Any = None,
+               tasks: Any = None) -> Any:
+    """The ASGI app: security checks first (Host, Origin, token), then the version rule, then the routes.
+
+    The daemon passes `responder`, `conversations` and `tasks` (built over the store); without them
+    `store` and `Idempotency-Key` are ignored and the stored-response and task endpoints answer 503."""
+    app = Starlette(routes=all_routes(), exception_handlers=dict(EXCEPTION_HANDLERS))
     app.state.service = service
+    app.state.auth = auth
     app.state.responder = responder or Responder(service)
     app.state.conversations = conversations
     app.state.tasks = tasks
-    return VersionMiddleware(app)
+    policy = SecurityPolicy.build(service.config.allowed_origins, service.config.max_request_bytes)
+    return SecurityMiddleware(VersionMiddleware(app), tokens=auth.tokens, policy=policy)

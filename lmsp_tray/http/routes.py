@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from lmsp_tray.errors import InvalidJSON, InvalidRequest, PayloadTooLarge
+from lmsp_tray.http.security import token_of
 from lmsp_tray.http.sse import EventStream, wait_disconnect
 from lmsp_tray.protocol.requests import parse_response_create
 from lmsp_tray.replay import ANONYMOUS, Caller, iterate
@@ -30,17 +31,17 @@ def _service(request: Request) -> Service:
     return request.app.state.service
 
 
-TOKEN_SCOPE_KEY = "lmsp.token"
-
-
 def caller_of(request: Request) -> Caller:
-    """Who is asking. THE HOOK for tokens: the auth middleware puts the authenticated token (its id
-    string, or an object with `.id`) in ``scope["lmsp.token"]``; idempotency keys are then scoped to it
-    and stored responses and tasks are owned by it. Without a token: ``"anonymous"``, no owner."""
-    token = request.scope.get(TOKEN_SCOPE_KEY)
+    """Who is asking: the token the security middleware authorized (`security.token_of`).
+
+    Idempotency keys are scoped to its id, and the responses and tasks it creates are owned by it
+    (another token gets 404 for them). Without a token (no security layer in front): "anonymous",
+    no owner. This is the one place to change that policy.
+    """
+    token = token_of(request)
     if token is None:
         return ANONYMOUS
-    token_id = token if isinstance(token, str) else str(getattr(token, "id"))
+    token_id = token if isinstance(token, str) else str(token.id)
     return Caller(scope=token_id, owner=token_id)
 
 

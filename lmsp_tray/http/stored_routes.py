@@ -8,12 +8,14 @@ on; cancelling is `POST /tasks/{id}/cancel`).
 
 from __future__ import annotations
 
+import re
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from lmsp_tray.conversations import Conversations
-from lmsp_tray.errors import InvalidRequest
+from lmsp_tray.errors import InvalidRequest, ServiceUnavailable
 from lmsp_tray.http.routes import JSON, REPLAYED, caller_of, idempotency_key, read_json
 from lmsp_tray.http.sse import EventStream
 from lmsp_tray.protocol.requests import parse_response_create
@@ -23,11 +25,17 @@ BASE = "/lmsp/v1"
 
 
 def _conversations(request: Request) -> Conversations:
-    return request.app.state.conversations
+    conversations = request.app.state.conversations
+    if conversations is None:
+        raise ServiceUnavailable("This service runs without its store; stored responses are not available.")
+    return conversations
 
 
 def _tasks(request: Request) -> TaskManager:
-    return request.app.state.tasks
+    tasks = request.app.state.tasks
+    if tasks is None:
+        raise ServiceUnavailable("This service runs without its store; tasks are not available.")
+    return tasks
 
 
 async def stored_response(request: Request) -> Response:
@@ -93,14 +101,18 @@ def resume_point(request: Request) -> int:
     return 0
 
 
+MAX_INT = 2**53 - 1
+
+
 def _int(value: str, param: str) -> int:
     text = value.strip()
-    if not text.isdigit():
-        raise InvalidRequest(f"'{param}' must be a whole number of 0 or more, got {value!r}.", param=param)
+    if not re.fullmatch(r"[0-9]{1,16}", text) or int(text) > MAX_INT:
+        raise InvalidRequest(f"'{param}' must be a whole number from 0 to {MAX_INT}, got {value[:40]!r}.",
+                             param=param)
     return int(text)
 
 
-ROUTES = [
+STORED_ROUTES = [
     Route(f"{BASE}/responses/{{response_id}}", stored_response, methods=["GET", "DELETE"]),
     Route(f"{BASE}/tasks", tasks, methods=["GET", "POST"]),
     Route(f"{BASE}/tasks/{{task_id}}", get_task, methods=["GET"]),

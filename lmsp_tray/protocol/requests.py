@@ -59,6 +59,7 @@ class MessageItem(_Edge):
         if isinstance(value, list):
             for i, part in enumerate(value):
                 kind = part.get("type") if isinstance(part, dict) else None
+                kind = kind if isinstance(kind, str) else None  # {"type": {}} must be a 400, not a crash
                 if kind in RESERVED_CONTENT:
                     raise _Reserved(kind, i)
         return value

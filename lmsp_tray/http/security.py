@@ -1,0 +1,243 @@
+"""Who may talk to the API: Host and Origin checks, CORS, bearer tokens and scopes.
+
+Why pure ASGI (not Starlette's BaseHTTPMiddleware): it must not buffer or
+wrap streaming responses, and must keep disconnect detection intact. Every
+request passes, in this order:
+
+1. **Host** — only ``127.0.0.1``, ``localhost`` or ``[::1]`` (any port) are
+   served; anything else, an empty or a missing Host → ``403 forbidden_host``.
+   This defeats DNS rebinding: a page on ``attacker.example`` that resolves
+   to 127.0.0.1 still sends ``Host: attacker.example``.
+2. **Origin** — a request with an ``Origin`` not on the configured
+   allow-list → ``403 forbidden_origin``. Without configured origins no CORS
+   header is ever sent; with them, the exact origin is echoed (never ``*``),
+   and preflight ``OPTIONS`` requests are answered here.
+3. **Bearer token and scope** — `ROUTE_SCOPES` is the one table saying
+   which scope each endpoint needs (`PUBLIC` for the few that need none).
+   No, a malformed or an unknown/revoked token → ``401 unauthorized`` with
+   ``WWW-Authenticate: Bearer realm="lmsp"``; a token without the scope →
+   ``403 insufficient_scope`` with ``WWW-Authenticate: Bearer
+   error="insufficient_scope", scope="…"``. Paths the table does not know
+   still need a valid token (then the router answers 404/405).
+4. **Declared body size** — a ``Content-Length`` over the limit → ``413``
+   before anything is read (`routes.read_json` also counts while reading,
+   for chunked bodies).
+
+0. **Header size** — over `MAX_HEADER_BYTES` in total or `MAX_HEADERS`
+   headers → ``400 invalid_request``. h11 (configured in `daemon`) also
+   stops buffering a request head that grows past the same size unfinished.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from lmsp_tray.errors import (
+    ForbiddenHost,
+    ForbiddenOrigin,
+    InsufficientScope,
+    InvalidRequest,
+    LMSPError,
+    PayloadTooLarge,
+    Unauthorized,
+)
+from lmsp_tray.http.problems import send_problem
+from lmsp_tray.tokens import TokenManager, TokenRecord
+
+MAX_HEADER_BYTES = 32 * 1024
+MAX_HEADERS = 100
+PUBLIC = ""  # the scope value of endpoints anyone on the machine may call
+STATE_TOKEN = "lmsp_token"  # request.state key holding the caller's TokenRecord
+
+# (method, path regex, scope). First match wins; HEAD is checked as GET.
+ROUTE_SCOPES: tuple[tuple[str, str, str], ...] = (
+    ("GET", r"/lmsp/v1/?", PUBLIC),
+    ("GET", r"/lmsp/v1/openapi\.json", PUBLIC),
+    ("POST", r"/lmsp/v1/auth/pairings", PUBLIC),  # rate-limited; asks the user
+    ("GET", r"/lmsp/v1/auth/pairings", "tokens:manage"),
+    ("GET", r"/lmsp/v1/auth/pairings/[^/]+", PUBLIC),  # needs the pairing's poll token instead
+    ("POST", r"/lmsp/v1/auth/pairings/[^/]+/(approve|deny)", "tokens:manage"),
+    ("GET", r"/lmsp/v1/auth/tokens", "tokens:manage"),
+    ("POST", r"/lmsp/v1/auth/tokens", "tokens:manage"),
+    ("POST", r"/lmsp/v1/auth/tokens/[^/]+/revoke", "tokens:manage"),
+    ("GET", r"/lmsp/v1/models", "models:read"),
+    ("POST", r"/lmsp/v1/models/.+/(load|unload)", "models:manage"),
+    ("GET", r"/lmsp/v1/models/.+", "models:read"),
+    ("POST", r"/lmsp/v1/responses", "responses:create"),
+    ("GET", r"/lmsp/v1/responses/[^/]+", "responses:read"),
+    ("DELETE", r"/lmsp/v1/responses/[^/]+", "responses:create"),  # removing is writing
+    ("POST", r"/lmsp/v1/tasks", "tasks:create"),
+    ("GET", r"/lmsp/v1/tasks", "tasks:read"),
+    ("GET", r"/lmsp/v1/tasks/[^/]+", "tasks:read"),
+    ("GET", r"/lmsp/v1/tasks/[^/]+/events", "tasks:read"),
+    ("POST", r"/lmsp/v1/tasks/[^/]+/cancel", "tasks:create"),
+)
+_COMPILED = tuple((m, re.compile(p), s) for m, p, s in ROUTE_SCOPES)
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
+REALM = 'Bearer realm="lmsp"'
+CORS_METHODS = "GET, POST, DELETE, OPTIONS"
+CORS_HEADERS = "Authorization, Content-Type, LMSP-Version, Idempotency-Key, Last-Event-ID"
+CORS_EXPOSE = "LMSP-Version, WWW-Authenticate, Retry-After, Location, Idempotent-Replayed"
+CORS_MAX_AGE = "600"
+_PORT = re.compile(r"[0-9]{1,5}")
+
+
+def required_scope(method: str, path: str) -> str | None:
+    """The scope an endpoint needs: `PUBLIC`, a scope name, or None for paths not in the table."""
+    method = "GET" if method == "HEAD" else method
+    for m, pattern, scope in _COMPILED:
+        if m == method and pattern.fullmatch(path):
+            return scope
+    return None
+
+
+def host_allowed(value: str | None) -> bool:
+    """True when a Host header names loopback: 127.0.0.1, localhost or [::1], optionally with a port."""
+    if not value:
+        return False
+    host, port = value.lower(), ""
+    if host.startswith("["):
+        end = host.find("]")
+        if end < 0:
+            return False
+        host, rest = host[: end + 1], host[end + 1:]
+        if rest:
+            if not rest.startswith(":"):
+                return False
+            port = rest[1:]
+            if not port:
+                return False
+    elif ":" in host:
+        host, port = host.split(":", 1)
+        if not port:
+            return False
+    if port and not (_PORT.fullmatch(port) and int(port) <= 65535):
+        return False
+    return host in LOOPBACK_HOSTS
+
+
+@dataclass(frozen=True)
+class SecurityPolicy:
+    allowed_origins: frozenset[str]
+    max_request_bytes: int
+
+    @classmethod
+    def build(cls, allowed_origins: Iterable[str], max_request_bytes: int) -> "SecurityPolicy":
+        return cls(frozenset(o.rstrip("/").lower() for o in allowed_origins), max_request_bytes)
+
+
+def bearer(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The credentials of the one `Authorization: Bearer …` header, else None."""
+    values = [v for k, v in headers if k == b"authorization"]
+    if len(values) != 1:
+        return None
+    try:
+        scheme, _, credentials = values[0].decode("ascii").strip().partition(" ")
+    except UnicodeDecodeError:
+        return None
+    credentials = credentials.strip()
+    if scheme.lower() != "bearer" or not credentials or " " in credentials:
+        return None
+    return credentials
+
+
+class SecurityMiddleware:
+    """Host, Origin/CORS, bearer token and scope, and the declared body size — before any route runs."""
+
+    def __init__(self, app: Any, *, tokens: TokenManager, policy: SecurityPolicy) -> None:
+        self.app = app
+        self.tokens = tokens
+        self.policy = policy
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
+        size = sum(len(k) + len(v) + 4 for k, v in headers)
+        if size > MAX_HEADER_BYTES or len(headers) > MAX_HEADERS:
+            await send_problem(send, InvalidRequest(
+                f"The request headers are too large ({size} bytes in {len(headers)} headers); the limits are "
+                f"{MAX_HEADER_BYTES} bytes and {MAX_HEADERS} headers."))
+            return
+        hosts = [v for k, v in headers if k == b"host"]
+        if len(hosts) != 1 or not host_allowed(hosts[0].decode("latin-1").strip()):
+            await send_problem(send, ForbiddenHost(
+                "This service answers only requests addressed to 127.0.0.1, localhost or [::1]."))
+            return
+
+        origins = [v for k, v in headers if k == b"origin"]
+        origin = origins[0].decode("latin-1").strip() if origins else None
+        cors: list[tuple[bytes, bytes]] = []
+        if origins:
+            if len(origins) != 1 or origin is None or origin.rstrip("/").lower() not in self.policy.allowed_origins:
+                await send_problem(send, ForbiddenOrigin(
+                    "Requests from this web origin are not allowed. Add it to `allowed_origins` in config.toml "
+                    "to let a web page use the API."))
+                return
+            cors = [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin"),
+                    (b"access-control-expose-headers", CORS_EXPOSE.encode())]
+            if scope["method"] == "OPTIONS" and any(k == b"access-control-request-method" for k, _ in headers):
+                await self._preflight(send, cors)
+                return
+
+        send_out = _with_headers(send, cors) if cors else send
+        try:
+            token = self._authorize(scope["method"], scope["path"], headers)
+            self._check_declared_size(headers)
+        except LMSPError as exc:
+            await send_problem(send_out, exc)
+            return
+        if token is not None:
+            scope.setdefault("state", {})[STATE_TOKEN] = token
+        await self.app(scope, receive, send_out)
+
+    def _authorize(self, method: str, path: str, headers: list[tuple[bytes, bytes]]) -> TokenRecord | None:
+        needed = required_scope(method, path)
+        if needed == PUBLIC:
+            return None
+        presented = bearer(headers)
+        token = self.tokens.authenticate(presented) if presented else None
+        if token is None:
+            detail = ("This endpoint needs `Authorization: Bearer <token>`." if presented is None else
+                      "The bearer token is not valid (unknown, revoked or malformed).")
+            raise Unauthorized(detail, headers={"WWW-Authenticate": REALM})
+        if needed is not None and needed not in token.scopes:
+            raise InsufficientScope(
+                f"This token lacks the scope '{needed}' this endpoint needs.",
+                headers={"WWW-Authenticate": f'Bearer error="insufficient_scope", scope="{needed}"'},
+            )
+        return token
+
+    def _check_declared_size(self, headers: list[tuple[bytes, bytes]]) -> None:
+        for k, v in headers:
+            if k == b"content-length" and v.isdigit() and int(v) > self.policy.max_request_bytes:
+                raise PayloadTooLarge(f"The request body is {int(v)} bytes; the limit is "
+                                      f"{self.policy.max_request_bytes} bytes.")
+
+    async def _preflight(self, send: Any, cors: list[tuple[bytes, bytes]]) -> None:
+        headers = cors + [
+            (b"access-control-allow-methods", CORS_METHODS.encode()),
+            (b"access-control-allow-headers", CORS_HEADERS.encode()),
+            (b"access-control-max-age", CORS_MAX_AGE.encode()),
+            (b"content-length", b"0"),
+            (b"lmsp-version", b"1.0"),
+        ]
+        await send({"type": "http.response.start", "status": 204, "headers": headers})
+        await send({"type": "http.response.body", "body": b""})
+
+
+def _with_headers(send: Any, extra: list[tuple[bytes, bytes]]) -> Any:
+    async def wrapped(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), *extra]}
+        await send(message)
+    return wrapped
+
+
+def token_of(request: Any) -> TokenRecord | None:
+    """The token that authorized this request (None on public endpoints)."""
+    return request.scope.get("state", {}).get(STATE_TOKEN)

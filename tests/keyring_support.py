@@ -1,0 +1,108 @@
+"""A real Secret Service for tests: gnome-keyring on a private D-Bus session bus.
+
+`.ci/run` already runs the suite inside `dbus-run-session` with an unlocked
+gnome-keyring; then `session_keyring` uses that. Run by hand without it,
+`session_keyring` starts its own bus and keyring (and stops them after).
+`private_keyring` always starts a fresh one (for tests that lock it).
+Nothing here runs with DISPLAY set: a locked keyring must never open a dialog.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PASSWORD = "lmsp-test"
+SECRET_SERVICE = "keyring.backends.SecretService.Keyring"
+
+
+@dataclass
+class PrivateKeyring:
+    address: str
+    home: Path
+    _bus: subprocess.Popen | None = None
+    _daemon: subprocess.Popen | None = None
+
+    def env(self) -> dict[str, str]:
+        """Variables a child process needs to use this keyring."""
+        return {"DBUS_SESSION_BUS_ADDRESS": self.address, "PYTHON_KEYRING_BACKEND": SECRET_SERVICE}
+
+    def stop(self) -> None:
+        for proc in (self._daemon, self._bus):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(10)
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+def tools_missing() -> str | None:
+    for tool in ("dbus-daemon", "gnome-keyring-daemon"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (Debian packages dbus and gnome-keyring; .ci/run installs them)"
+    return None
+
+
+def start_private_keyring() -> PrivateKeyring:
+    home = Path(tempfile.mkdtemp(prefix="lmsp-keyring-"))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DISPLAY", "WAYLAND_DISPLAY", "DBUS_SESSION_BUS_ADDRESS", "GNOME_KEYRING_CONTROL")}
+    env.update({"HOME": str(home), "XDG_DATA_HOME": str(home / "data"), "XDG_RUNTIME_DIR": str(home / "run"),
+                "XDG_CACHE_HOME": str(home / "cache")})
+    (home / "run").mkdir(mode=0o700)
+    (home / "data").mkdir()
+    bus = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--nopidfile", "--print-address=1"],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
+    assert bus.stdout is not None
+    address = bus.stdout.readline().strip()
+    if not address:
+        bus.kill()
+        raise RuntimeError("dbus-daemon did not print its address")
+    env["DBUS_SESSION_BUS_ADDRESS"] = address
+    daemon = subprocess.Popen(["gnome-keyring-daemon", "--foreground", "--unlock", "--components=secrets"],
+                              stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                              text=True)
+    assert daemon.stdin is not None
+    daemon.stdin.write(PASSWORD)
+    daemon.stdin.close()
+    keyring = PrivateKeyring(address, home, bus, daemon)
+    if not _wait_for_secret_service(address, daemon):
+        keyring.stop()
+        raise RuntimeError("gnome-keyring-daemon did not come up on the private bus")
+    return keyring
+
+
+def _wait_for_secret_service(address: str, daemon: subprocess.Popen, timeout: float = 20) -> bool:
+    from jeepney.bus_messages import message_bus
+    from jeepney.io.blocking import open_dbus_connection
+
+    deadline = time.monotonic() + timeout
+    with open_dbus_connection(bus=address) as conn:
+        while time.monotonic() < deadline and daemon.poll() is None:
+            reply = conn.send_and_get_reply(message_bus.NameHasOwner("org.freedesktop.secrets"), timeout=5)
+            if reply.body[0]:
+                return True
+            time.sleep(0.05)
+    return False
+
+
+def working_session_keyring() -> bool:
+    """True when this process already has a usable Secret Service (e.g. under .ci/run's dbus-run-session)."""
+    if not os.environ.get("DBUS_SESSION_BUS_ADDRESS"):
+        return False
+    probe = ("import keyring.backends.SecretService as s; k = s.Keyring(); "
+             "k.set_password('lmsp-tray-test', 'probe', 'x'); k.delete_password('lmsp-tray-test', 'probe')")
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    try:
+        return subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, timeout=30).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False

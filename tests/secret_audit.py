@@ -1,0 +1,73 @@
+"""Suite-wide check that no secret leaks: every secret issued in this process is looked for, at the end
+of the run, in everything the service wrote — its logs (captured at DEBUG) and every file under the
+test run's temporary folders (databases with their WAL, discovery files, log files, caches).
+
+Secrets are recorded by wrapping `generate_secret` (API tokens `lmsp_…` and pairing poll tokens
+`lmspp_…`). Model files (*.gguf) are skipped: tests write them before any secret exists.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+import lmsp_tray.pairing
+import lmsp_tray.tokens
+
+SECRET = re.compile(rb"lmspp?_[A-Za-z0-9_-]{43}")
+LOGGERS = ("lmsp_tray", "uvicorn", "uvicorn.error", "uvicorn.access")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def secret_audit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[set[str]]:
+    issued: set[str] = set()
+    original = lmsp_tray.tokens.generate_secret
+
+    def recording(prefix: str = lmsp_tray.tokens.SECRET_PREFIX) -> str:
+        secret = original(prefix)
+        issued.add(secret)
+        return secret
+
+    root = tmp_path_factory.getbasetemp()
+    log_file = root / "audit-service.log"
+    handler = logging.FileHandler(log_file, encoding="utf-8")
+    handler.setLevel(logging.DEBUG)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    saved = {name: logging.getLogger(name).level for name in LOGGERS}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lmsp_tray.tokens, "generate_secret", recording)
+        mp.setattr(lmsp_tray.pairing, "generate_secret", recording)
+        for name in LOGGERS:
+            logging.getLogger(name).addHandler(handler)
+            logging.getLogger(name).setLevel(logging.DEBUG)
+        try:
+            yield issued
+        finally:
+            for name, level in saved.items():
+                logging.getLogger(name).removeHandler(handler)
+                logging.getLogger(name).setLevel(level)
+            handler.close()
+    leaks = find_leaks(root, issued)
+    assert not leaks, f"secrets found in files the service wrote: {sorted(leaks)}"
+
+
+def find_leaks(root: Path, issued: set[str], max_bytes: int = 64 * 1024 * 1024) -> set[str]:
+    """Files under `root` holding any issued secret (paths relative to root)."""
+    if not issued:
+        return set()
+    wanted = {s.encode() for s in issued}
+    leaks: set[str] = set()
+    for path in root.rglob("*"):
+        try:
+            if not path.is_file() or path.is_symlink() or path.suffix == ".gguf" or path.stat().st_size > max_bytes:
+                continue
+            data = path.read_bytes()
+        except OSError:
+            continue
+        if any(m.group(0) in wanted for m in SECRET.finditer(data)):
+            leaks.add(str(path.relative_to(root)))
+    return leaks

@@ -1,0 +1,219 @@
+"""The tray menu as a pure function of state: what the user sees and what each click asks for."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmsp_tray.menu import (
+    ERROR,
+    IDLE,
+    LOADING,
+    SERVING,
+    Action,
+    ModelView,
+    PairingView,
+    TrayState,
+    activity_for,
+    build_menu,
+    clean_text,
+    find_item,
+    human_size,
+    tooltip,
+    walk,
+)
+
+URL = "http://127.0.0.1:7373/lmsp/v1"
+
+
+def models() -> tuple[ModelView, ...]:
+    return (
+        ModelView("gemma-3:270m-q4_k_m", 253_112_000, "Q4_K_M", "loaded"),
+        ModelView("qwen3:14b-q4_k_m", 8_400_000_000, "Q4_K_M", "available"),
+        ModelView("llama:tiny", 524_288, "F32", "loading"),
+        ModelView("broken", 1200, None, "error", error="bad magic: not a GGUF file\nTraceback (most recent call last)"),
+    )
+
+
+def texts(items) -> list[str]:
+    return [i.text for i in items if not i.separator]
+
+
+@pytest.mark.parametrize(
+    "size,expected",
+    [
+        (0, "0 B"),
+        (999, "999 B"),
+        (1000, "1.0 KB"),
+        (524_288, "524 KB"),
+        (253_112_000, "253 MB"),
+        (8_400_000_000, "8.4 GB"),
+        (9_960_000_000, "10 GB"),
+        (999_600_000, "1.0 GB"),
+        (70_000_000_000, "70 GB"),
+        (None, ""),
+    ],
+)
+def test_human_size(size, expected):
+    assert human_size(size) == expected
+
+
+def test_status_line_shows_url_and_loaded_count_and_copies_url():
+    menu = build_menu(TrayState(url=URL, models=models()))
+    first = menu[0]
+    assert first.text == f"{URL} \u2014 1 of 4 models loaded"
+    assert first.action is Action.COPY_URL and first.default and first.enabled
+
+
+def test_status_line_before_the_server_listens():
+    first = build_menu(TrayState(url=None))[0]
+    assert first.text.startswith("Not serving yet") and "no models found" in first.text
+    assert not first.enabled
+
+
+def test_models_submenu_lists_every_model_with_size_quantization_and_state():
+    menu = build_menu(TrayState(url=URL, models=models()))
+    sub = find_item(menu, "Models").submenu
+    assert texts(sub) == [
+        "gemma-3:270m-q4_k_m \u00b7 253 MB \u00b7 Q4_K_M",
+        "qwen3:14b-q4_k_m \u00b7 8.4 GB \u00b7 Q4_K_M",
+        "llama:tiny \u00b7 524 KB \u00b7 F32 \u2014 Loading\u2026",
+        "broken \u00b7 1.2 KB \u2014 \u26a0 error: bad magic: not a GGUF file",
+    ]
+    loaded, available, loading, broken = sub
+    assert (loaded.checked, loaded.action, loaded.arg) == (True, Action.UNLOAD_MODEL, "gemma-3:270m-q4_k_m")
+    assert (available.checked, available.action, available.arg) == (False, Action.LOAD_MODEL, "qwen3:14b-q4_k_m")
+    assert loading.enabled is False and loading.checked is False
+    assert broken.action is Action.LOAD_MODEL and broken.checked is False  # click retries
+    assert find_item(menu, "Models").text == "Models (1/4 loaded)"
+
+
+def test_error_reason_is_one_short_line():
+    long = ModelView("m", 10, None, "error", error="x" * 500 + "\n\tmore")
+    item = find_item(build_menu(TrayState(models=(long,))), "Models").submenu[0]
+    reason = item.text.split("error: ", 1)[1]
+    assert len(reason) == 60 and reason.endswith("\u2026") and "more" not in item.text
+
+
+def test_generating_model_is_marked():
+    m = ModelView("a", 1, None, "loaded", generating=True)
+    item = find_item(build_menu(TrayState(models=(m,))), "Models").submenu[0]
+    assert item.text.endswith("\u2014 generating") and item.checked
+
+
+def test_no_models_says_where_to_put_them():
+    menu = build_menu(TrayState(url=URL))
+    sub = find_item(menu, "Models").submenu
+    assert texts(sub)[0] == "No models found" and all(not i.enabled for i in sub)
+    assert find_item(menu, "Unload all").enabled is False
+
+
+def test_fixed_entries_in_order():
+    menu = build_menu(TrayState(url=URL, models=models(), token_available=True))
+    assert texts(menu)[1:] == [
+        "Models (1/4 loaded)",
+        "Unload all",
+        "Rescan models",
+        "Open models folder",
+        "Copy access token",
+        "Start at login",
+        "Quit",
+    ]
+    assert menu[-1].action is Action.QUIT and menu[-2].separator
+    assert find_item(menu, "Unload all").action is Action.UNLOAD_ALL
+    assert find_item(menu, "Rescan models").action is Action.RESCAN
+    assert find_item(menu, "Open models folder").action is Action.OPEN_MODELS_FOLDER
+
+
+def test_copy_token_enabled_only_with_a_token_and_never_shows_it():
+    secret = "lmsp_sk_0123456789abcdef"
+    off = find_item(build_menu(TrayState()), "Copy access token")
+    on = find_item(build_menu(TrayState(token_available=True)), "Copy access token")
+    assert (off.enabled, on.enabled) == (False, True) and on.action is Action.COPY_TOKEN
+    # The state has no field for the secret; make sure nothing in the menu carries one either.
+    assert all(secret not in (i.text + (i.arg or "")) for i in walk(build_menu(TrayState(token_available=True))))
+
+
+@pytest.mark.parametrize("enabled,arg", [(False, "on"), (True, "off")])
+def test_start_at_login_checkbox_sets_the_opposite_value(enabled, arg):
+    item = find_item(build_menu(TrayState(autostart_enabled=enabled)), "Start at login")
+    assert item.checked is enabled and item.action is Action.SET_AUTOSTART and item.arg == arg
+
+
+def test_start_at_login_disabled_where_unsupported():
+    item = find_item(build_menu(TrayState(autostart_supported=False)), "Start at login")
+    assert item.enabled is False
+
+
+def test_pairing_requests_show_app_scopes_code_and_approve_deny():
+    p = PairingView("pair_01", "Notes \u202eevil\napp", ("models:read", "responses:create"), "WDJB-MJHT")
+    menu = build_menu(TrayState(url=URL, pairings=(p,)))
+    header = find_item(menu, "Pairing request")
+    assert header.text == "Pairing request (1)" and not header.enabled
+    entry = find_item(menu, "\u201cNotes")
+    assert entry.text == "\u201cNotes evil app\u201d \u2014 code WDJB-MJHT"
+    assert texts(entry.submenu) == [
+        "App: Notes evil app",
+        "Code: WDJB-MJHT",
+        "Scopes: models:read, responses:create",
+        "Approve",
+        "Deny",
+    ]
+    assert (entry.find("Approve").action, entry.find("Approve").arg) == (Action.APPROVE_PAIRING, "pair_01")
+    assert (entry.find("Deny").action, entry.find("Deny").arg) == (Action.DENY_PAIRING, "pair_01")
+
+
+def test_no_pairing_section_without_requests():
+    assert not any(i.text.startswith("Pairing") for i in build_menu(TrayState()))
+
+
+def test_long_app_name_is_shortened():
+    p = PairingView("p", "A" * 200, (), "")
+    entry = find_item(build_menu(TrayState(pairings=(p,))), "\u201cA")
+    assert len(entry.text) == 42 and entry.text.endswith("\u2026\u201d")
+
+
+def test_notice_line_is_shown_under_the_status():
+    menu = build_menu(TrayState(url=URL, notice="Could not load qwen: out of memory"))
+    assert menu[1].text == "\u26a0 Could not load qwen: out of memory" and not menu[1].enabled
+
+
+def test_activity():
+    assert activity_for(models()) == LOADING
+    assert activity_for([ModelView("a", state="loaded", generating=True)]) == SERVING
+    assert activity_for([ModelView("a", state="loaded")]) == IDLE
+    assert activity_for([ModelView("a", state="error", error="bad")]) == IDLE
+    assert activity_for([ModelView("a")], failed=True) == ERROR
+
+
+def test_tooltip():
+    assert tooltip(TrayState(url=URL)) == f"lmsp-tray \u2014 ready \u2014 {URL}"
+    assert "2 models loaded" in tooltip(TrayState(url=URL, models=(ModelView("a", state="loaded"),) * 2))
+    assert "starting" in tooltip(TrayState())
+    assert "\u26a0 port busy" in tooltip(TrayState(activity=ERROR, notice="port busy"))
+
+
+def test_equal_states_are_equal_and_hashable():
+    a = TrayState(url=URL, models=list(models()))
+    b = TrayState(url=URL, models=models())
+    assert a == b and hash(a) == hash(b) and build_menu(a) == build_menu(b)
+    assert a != TrayState(url=URL, models=models()[:3])
+
+
+def test_clean_text():
+    assert clean_text("a\x00b\r\nc\u200b d  ", 10) == "a b c d"
+    assert clean_text("abcdef", 4) == "abc\u2026"
+
+
+def test_too_many_models_are_capped():
+    many = tuple(ModelView(f"m{i}", 1) for i in range(130))
+    sub = find_item(build_menu(TrayState(models=many)), "Models").submenu
+    assert len(sub) == 101 and sub[-1].text == "30 more not shown (see GET /models)"
+
+
+def test_most_urgent():
+    from lmsp_tray.menu import most_urgent
+
+    assert most_urgent(IDLE, SERVING) == SERVING
+    assert most_urgent(SERVING, LOADING, IDLE) == LOADING
+    assert most_urgent(LOADING, ERROR) == ERROR
+    assert most_urgent() == IDLE

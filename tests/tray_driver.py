@@ -1,0 +1,177 @@
+"""Drives one tray process under Xvfb: reads its dumped Gtk menu, clicks and types into it.
+
+The process (tests/tray_runner.py, or the real `lmsp-tray` with
+tests/probe_site on PYTHONPATH) writes `menu.json` into its state folder
+(tests/gtk_probe.py); `TrayProcess` reads it, finds the tray icon, opens the
+menu with a right-click and walks it with the keyboard (xdotool), takes
+screenshots and measures the icon's colours in them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Sequence
+
+from lmsp_tray.icons import COLOURS
+from xvfb import XSession, wait_for
+
+TIMEOUT = 30
+
+
+class TrayProcess:
+    """One tray process and what it reports (`state_dir/menu.json`, `events.jsonl`)."""
+
+    def __init__(self, x: XSession, state_dir: Path, argv: Sequence[str], env: dict[str, str], cwd: Path) -> None:
+        self.x = x
+        self.dir = state_dir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.output = self.dir / "output.txt"
+        self._out = self.output.open("w")
+        self.proc = subprocess.Popen(list(argv), env=env, cwd=cwd, stdout=self._out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.started = time.monotonic()
+
+    # -- observing --------------------------------------------------------------------------------
+    def menu(self) -> dict:
+        try:
+            return json.loads((self.dir / "menu.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def events(self) -> list[dict]:
+        try:
+            lines = (self.dir / "events.jsonl").read_text().splitlines()
+        except OSError:
+            return []
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def wait_event(self, event: str, arg: object = None) -> dict:
+        def found():
+            return next((e for e in self.events() if e["event"] == event and (arg is None or e["arg"] == arg)), None)
+        return wait_for(found, TIMEOUT, f"backend event {event} {arg or ''}")
+
+    def item(self, *path: str, menu: dict | None = None) -> dict | None:
+        items = (menu or self.menu()).get("items", [])
+        entry = None
+        for prefix in path:
+            entry = next((i for i in items if not i.get("separator") and i["text"].startswith(prefix)), None)
+            if entry is None:
+                return None
+            items = entry.get("submenu", [])
+        return entry
+
+    def wait_item(self, *path: str, check=lambda item: True, what: str = "") -> dict:
+        return wait_for(lambda: (lambda i: i if i is not None and check(i) else None)(self.item(*path)),
+                        TIMEOUT, what or f"menu item {' > '.join(path)}")
+
+    # -- acting -----------------------------------------------------------------------------------
+    def icon_window(self) -> int:
+        return wait_for(self.x.tray_icons, TIMEOUT, "the tray icon to be embedded")[0]
+
+    def open_menu(self) -> None:
+        assert not self.menu().get("open")
+        self.x.click(self.icon_window(), 3)
+        wait_for(lambda: self.menu().get("open"), TIMEOUT, "the menu to open")
+        wait_for(self.x.popup_windows, TIMEOUT, "the menu window to be mapped")
+        time.sleep(0.2)  # let the pointer/keyboard grab settle before typing
+
+    def keys_to(self, *path: str) -> list[str]:
+        """Keys that select `path` in the open menu (insensitive items and separators are skipped)."""
+        keys: list[str] = []
+        items = self.menu()["items"]
+        for depth, prefix in enumerate(path):
+            selectable = [i for i in items if not i.get("separator") and i["sensitive"]]
+            index = next(n for n, i in enumerate(selectable) if i["text"].startswith(prefix))
+            # At the top nothing is selected yet; entering a submenu selects its first item.
+            keys += ["Down"] * (index + 1 if depth == 0 else index)
+            items = selectable[index].get("submenu", [])
+            if depth < len(path) - 1:
+                keys.append("Right")
+        return keys
+
+    def choose(self, *path: str, screenshot: str | None = None, closes: bool = True) -> None:
+        self.open_menu()
+        keys = self.keys_to(*path)
+        self.x.keys(*keys)
+        if screenshot:
+            time.sleep(0.3)
+            self.x.screenshot(screenshot)
+        self.x.keys("Return")
+        if closes:
+            wait_for(lambda: not self.menu().get("open"), TIMEOUT, "the menu to close")
+
+    def show(self, *path: str, screenshot: str) -> None:
+        """Open the menu, walk to `path` (submenus open), screenshot, close it again."""
+        self.open_menu()
+        keys = self.keys_to(*path)
+        self.x.keys(*(keys + ["Right"] if self.item(*path).get("submenu") is not None else keys))
+        time.sleep(0.3)
+        self.x.screenshot(screenshot)
+        for _ in range(len(path) + 1):
+            if not self.menu().get("open"):
+                break
+            self.x.keys("Escape")
+            time.sleep(0.2)
+        wait_for(lambda: not self.menu().get("open"), TIMEOUT, "the menu to close")
+
+    def icon_colour_share(self, shot: Path, activity: str) -> float:
+        """Share of the icon window's pixels in the tile colour of `activity`.
+
+        Also saves the icon's surroundings, enlarged 4x, next to the screenshot (`*-zoom.png`).
+        """
+        from PIL import Image
+
+        geo = self.x.geometry(self.icon_window())
+        with Image.open(shot) as image:
+            crop = image.convert("RGB").crop(geo.box())
+            around = image.convert("RGB").crop(geo.box(pad=8))
+        around.resize((around.width * 4, around.height * 4), Image.Resampling.NEAREST).save(
+            shot.with_name(shot.stem + "-zoom.png"))
+        fill = COLOURS[activity][0]
+        raw = crop.tobytes()
+        pixels = [tuple(raw[i:i + 3]) for i in range(0, len(raw), 3)]
+        return sum(1 for p in pixels if p == fill) / len(pixels)
+
+    def wait_exit(self, timeout: float = TIMEOUT) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._out.close()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # our own session only
+            self.proc.wait(10)
+        self._out.close()
+
+    def text_written(self) -> str:
+        parts = [self.output.read_text(errors="replace")]
+        for name in ("tray.log", "menu.json", "events.jsonl"):
+            path = self.dir / name
+            if path.exists():
+                parts.append(path.read_text(errors="replace"))
+        return "\n".join(parts)
+
+
+def shown(items: list[dict]) -> list:
+    """The dumped Gtk menu as (text, sensitive, checked, submenu) tuples."""
+    return [("---",) if i.get("separator") else
+            (i["text"], i["sensitive"], i["checked"], shown(i["submenu"]) if "submenu" in i else None) for i in items]
+
+
+def as_shown(specs) -> list:
+    """What pystray's gtk backend should show for `specs`."""
+    out = []
+    for s in specs:
+        if s.separator:
+            out.append(("---",))
+        elif s.submenu is not None:
+            out.append((s.text, s.enabled, s.checked, as_shown(s.submenu)))
+        else:
+            out.append((s.text, s.enabled and s.action is not None, s.checked, None))
+    return out
