@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from support import SLOW_ID, SSE, TINY_ID, body, events, iter_sse
+from support import SLOW_ID, SSE, TINY_ID, MemoryVault, body, events, iter_sse
 
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}
 
@@ -308,14 +308,15 @@ def test_stored_task_response_continues_a_conversation(client: httpx.Client) -> 
 
 
 def test_shutdown_ends_running_tasks_cleanly_and_keeps_queued_ones(daemon_factory) -> None:
-    live = daemon_factory(parallel=1)
+    vault = MemoryVault()  # the same owner token across the restart (the tasks are its own)
+    live = daemon_factory(parallel=1, vault=vault)
     with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
         running = create(c, **body("long", model=SLOW_ID, max_output_tokens=4000))
         waiting = create(c, **body("later", max_output_tokens=3))
         wait_for(c, running["id"], {"in_progress"})
         read(c, running["id"], stop_after=4)
     live.stop()
-    again = daemon_factory(parallel=1)
+    again = daemon_factory(parallel=1, vault=vault)
     with httpx.Client(base_url=again.url, timeout=60, headers=again.auth_headers) as c:
         doc = c.get(f"/tasks/{running['id']}").json()
         assert doc["status"] == "failed" and doc["error"]["code"] == "service_unavailable"

@@ -70,7 +70,7 @@ async def cancel_task(request: Request) -> Response:
 
 async def list_tasks(request: Request) -> Response:
     query = request.query_params
-    statuses = [s.strip() for value in query.getlist("status") for s in value.split(",") if s.strip()]
+    statuses = [s for value in query.getlist("status") for s in value.split(",")]  # '' is an unknown status
     limit = _int(query.get("limit", "20"), "limit")
     page = await _tasks(request).list_tasks(caller=caller_of(request), status=statuses, limit=limit,
                                       after=query.get("after") or None)
