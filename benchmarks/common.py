@@ -91,10 +91,28 @@ class Series:
         return statistics.median(getattr(s, attr) for s in self.samples)
 
 
+class ServiceURL(str):
+    """The service's base URL; `.headers` carries the bearer token its requests need."""
+
+    headers: dict[str, str]
+
+    def __new__(cls, url: str, headers: dict[str, str]) -> "ServiceURL":
+        obj = super().__new__(cls, url)
+        obj.headers = dict(headers)
+        return obj
+
+
+BENCH_SCOPES = ("models:read", "models:manage", "responses:create", "responses:read", "tasks:create", "tasks:read")
+
+
 @contextlib.contextmanager
 def lmsp_service(model: Path, *, threads: int, extra_env: dict[str, str] | None = None,
-                 config: str = "") -> Iterator[tuple[str, subprocess.Popen]]:
-    """This project's service (`lmsp-tray serve`) as a subprocess, on the given model only."""
+                 config: str = "") -> Iterator[tuple[ServiceURL, subprocess.Popen]]:
+    """This project's service (`lmsp-tray serve`) as a subprocess, on the given model only.
+
+    A token is made with `lmsp-tray tokens create` before the start; the yielded URL carries it
+    (`url.headers`), and `stream_lmsp` sends it.
+    """
     with tempfile.TemporaryDirectory() as home:
         models = Path(home) / "models-in"
         models.mkdir()
@@ -103,10 +121,16 @@ def lmsp_service(model: Path, *, threads: int, extra_env: dict[str, str] | None 
         (Path(home) / "config" / "config.toml").write_text(f"threads = {threads}\ndemo_model = false\n{config}")
         port = free_port()
         env = {**os.environ, "LMSP_TRAY_HOME": home, **(extra_env or {})}
+        scopes = [arg for scope in BENCH_SCOPES for arg in ("--scope", scope)]
+        made = subprocess.run([sys.executable, "-m", "lmsp_tray", "tokens", "create", "--name", "benchmark", *scopes],
+                              env=env, capture_output=True, text=True, timeout=300)
+        if made.returncode != 0:
+            raise RuntimeError(f"could not create a token: {made.stderr.strip()}")
+        secret = made.stdout.strip()
         proc = subprocess.Popen(
             [sys.executable, "-m", "lmsp_tray", "serve", "--port", str(port), "--models-dir", str(models),
              "--no-default-dirs"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{port}/lmsp/v1"
+        url = ServiceURL(f"http://127.0.0.1:{port}/lmsp/v1", {"Authorization": f"Bearer {secret}"})
         try:
             wait_http(url)
             yield url, proc
@@ -154,7 +178,7 @@ def stream_lmsp_turn(client: httpx.Client, url: str, message: str, max_tokens: i
     tokens = 0
     response_id = ""
     usage: dict = {}
-    with client.stream("POST", f"{url}/responses", json=body) as r:
+    with client.stream("POST", f"{url}/responses", json=body, headers=getattr(url, "headers", None)) as r:
         r.raise_for_status()
         event = ""
         for line in r.iter_lines():

@@ -41,8 +41,9 @@ QUESTIONS = [
 
 def fresh_model(client: httpx.Client, url: str) -> None:
     """Unload and load the model (untimed): no KV cache holds any earlier conversation."""
-    client.post(f"{url}/models/{GEMMA_ID}/unload").raise_for_status()
-    client.post(f"{url}/models/{GEMMA_ID}/load").raise_for_status()
+    headers = getattr(url, "headers", None)  # the service's token (common.ServiceURL)
+    client.post(f"{url}/models/{GEMMA_ID}/unload", headers=headers).raise_for_status()
+    client.post(f"{url}/models/{GEMMA_ID}/load", headers=headers).raise_for_status()
 
 
 def reuse_run(client: httpx.Client, url: str, turns: int, tokens: int) -> list[tuple[float, int, int]]:
