@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from lmsp_tray.store import Database
-from support import SLOW_ID, SSE, TINY_ID, body, cli_token, iter_sse
+from support import SLOW_ID, SSE, body, cli_token, iter_sse
 
 ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}

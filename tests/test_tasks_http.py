@@ -7,7 +7,6 @@ import threading
 import time
 
 import httpx
-import pytest
 
 from support import SLOW_ID, SSE, TINY_ID, MemoryVault, body, events, iter_sse
 
