@@ -31,7 +31,8 @@ class SamplingParams:
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     seed: int | None = None  # None: a random seed
-    grammar: str | None = None  # GBNF, root rule "root"
+    grammar: str | None = None  # GBNF
+    grammar_root: str = "root"  # the rule decoding starts from
     # With trigger patterns the grammar only applies once one matches (lazy grammar).
     grammar_triggers: tuple[str, ...] = ()
 
@@ -65,11 +66,11 @@ class Sampler:
                 patterns = (ctypes.c_char_p * len(p.grammar_triggers))(*(t.encode() for t in p.grammar_triggers))
                 self._add(
                     llama_cpp.llama_sampler_init_grammar_lazy_patterns(
-                        vocab, grammar, b"root", patterns, len(p.grammar_triggers), None, 0
+                        vocab, grammar, p.grammar_root.encode(), patterns, len(p.grammar_triggers), None, 0
                     )
                 )
             else:
-                self._add(llama_cpp.llama_sampler_init_grammar(vocab, grammar, b"root"))
+                self._add(llama_cpp.llama_sampler_init_grammar(vocab, grammar, p.grammar_root.encode()))
         if p.repeat_penalty != 1.0:
             self._add(llama_cpp.llama_sampler_init_penalties(p.repeat_last_n, p.repeat_penalty, 0.0, 0.0))
         if p.greedy:

@@ -15,6 +15,7 @@ step, so a cancelled request stops within one decode step.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import math
 import threading
@@ -222,10 +223,27 @@ class Scheduler:
         slot.generated = 0
         slot.last_token = -1
         slot.stream = TextStream(job.stop)
+        sampling = job.sampling
+        if job.grammar_trigger is not None:  # a lazy grammar starts switched off
+            sampling = dataclasses.replace(sampling, grammar=None)
         try:
-            slot.sampler = Sampler(self._model.vocab, job.sampling)
+            slot.sampler = Sampler(self._model.vocab, sampling)
         except GrammarError as exc:
             self._finish(slot, ERROR, InvalidRequest(f"The output constraint could not be compiled: {exc}."))
+
+    def _switch_grammar_on(self, slot: _Slot, root: str) -> bool:
+        """A lazy grammar's trigger fired: decode on under the grammar, from rule `root`."""
+        job = slot.job
+        assert job is not None
+        try:
+            sampler = Sampler(self._model.vocab, dataclasses.replace(job.sampling, grammar_root=root))
+        except GrammarError as exc:
+            self._finish(slot, ERROR, InvalidRequest(f"The output constraint could not be compiled: {exc}."))
+            return False
+        if slot.sampler is not None:
+            slot.sampler.close()
+        slot.sampler = sampler
+        return True
 
     def _step(self) -> None:
         active = [s for s in self._slots if s.job is not None]
@@ -304,7 +322,12 @@ class Scheduler:
             self._finish(slot, STOP)
             return
         slot.generated += 1
-        text = slot.stream.push(self._model.piece(token))
+        piece = self._model.piece(token, special=token in job.visible_tokens)
+        if job.grammar_trigger is not None:
+            root = job.grammar_trigger(piece)
+            if root is not None and not self._switch_grammar_on(slot, root):
+                return
+        text = slot.stream.push(piece)
         if text:
             job.sink(text)
         if slot.stream.stopped:
