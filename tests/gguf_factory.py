@@ -79,12 +79,14 @@ def write_tiny_gguf(
     seed: int = 0,
     extra_kv: dict[str, object] | None = None,
     logit_bias: dict[str, float] | None = None,
+    output_scale: float = 2.0,
 ) -> Path:
     """Write a tiny llama-architecture GGUF and return its path.
 
     `logit_bias` maps token strings to a strength: those tokens get a steady positive logit
     offset (through an embedding dimension no layer writes to), so a test model can be made to
     close strings or thinking blocks often instead of wandering until the context is full.
+    A smaller `output_scale` flattens the next-token distribution (more variety across seeds).
     """
     import gguf
 
@@ -138,7 +140,7 @@ def write_tiny_gguf(
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
     embd = weight(n_vocab, embedding)
-    output = weight(n_vocab, embedding, scale=2.0)
+    output = weight(n_vocab, embedding, scale=output_scale)
     output[[i for i, t in enumerate(types) if t in (2, 3)]] = 0.0  # never end on its own
     if logit_bias:
         # Dimension 0 of the residual stream is a constant: every embedding holds BIAS_ANCHOR

@@ -24,7 +24,9 @@ PRIMITIVES: dict[str, str] = {
     "space": SPACE,
     # One JSON string character: anything but quote, backslash and control characters, or an
     # escape. \u escapes of UTF-16 surrogates are left out so one `char` is one code point.
-    "char": r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" ([0-9a-cA-CefEF] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2}))',
+    # Surrogates and code points beyond U+10FFFF are out too (llama.cpp decodes bytes leniently).
+    "char": r'[^"\\\x7F\x00-\x1F\uD800-\uDFFF\U00110000-\U7FFFFFFF] | "\\" (["\\/bfnrt] | "u" '
+            r'([0-9a-cA-CefEF] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2}))',
     "string": r'"\"" char* "\"" space',
     "integral-part": '"0" | [1-9] [0-9]{0,15}',
     "decimal-part": "[0-9]{1,16}",

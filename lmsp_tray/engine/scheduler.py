@@ -222,7 +222,7 @@ class Scheduler:
         slot.reused = keep
         slot.generated = 0
         slot.last_token = -1
-        slot.stream = TextStream(job.stop)
+        slot.stream = TextStream(job.stop, grammar_utf8=job.sampling.grammar is not None)
         sampling = job.sampling
         if job.grammar_trigger is not None:  # a lazy grammar starts switched off
             sampling = dataclasses.replace(sampling, grammar=None)
