@@ -101,7 +101,7 @@ class _ObjectCall:
                 self.state = "bad"
                 break
             self.text += ch
-            opened = self._track(ch)
+            opened = self._track(ch) and ch == "{"
             if self.phase == "head" and self.live and opened and self._begin_args(ops):
                 args.append(ch)
                 continue
