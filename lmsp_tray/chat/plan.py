@@ -51,7 +51,7 @@ class OutputSpec:
     choice: str | dict[str, str]
     arg_rules: dict[str, str]  # tool name -> rule for its arguments
     json_rule: str | None  # structured output
-    parallel: bool
+    parallel: bool | None  # parallel_tool_calls as sent (None: the family's habit decides)
 
     @property
     def calls(self) -> bool:
@@ -122,8 +122,10 @@ def prepare(request: ResponseRequest) -> OutputSpec:
     elif request.json_object:
         json_rule = g.primitive("object")
     check_tool_results(request)
-    parallel = request.raw.get("parallel_tool_calls", True) is not False if isinstance(request.raw, dict) else True
-    return OutputSpec(g, list(request.tools), choice, arg_rules, json_rule, parallel and not isinstance(choice, dict))
+    parallel = request.raw.get("parallel_tool_calls") if isinstance(request.raw, dict) else None
+    if not isinstance(parallel, bool) or isinstance(choice, dict):
+        parallel = False if isinstance(choice, dict) else None
+    return OutputSpec(g, list(request.tools), choice, arg_rules, json_rule, parallel)
 
 
 def check_tool_results(request: ResponseRequest) -> None:
@@ -168,10 +170,14 @@ def _json_str(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def call_rules(g: Grammar, syntax: CallSyntax, spec: OutputSpec) -> tuple[str, str]:
-    """(calls: the whole call text with its opening marker, after: what follows the marker)."""
+def call_rules(g: Grammar, syntax: CallSyntax, spec: OutputSpec, native: bool = True) -> tuple[str, str]:
+    """(calls: the whole call text with its opening marker, after: what follows the marker).
+
+    Several calls per turn when the family does that and the client did not say no; a model
+    that only knows tools from the built-in instruction gets one call unless parallel calls
+    were asked for (small models otherwise repeat the same call)."""
     names = spec.allowed()
-    many = spec.parallel and syntax.parallel
+    many = syntax.parallel and (spec.parallel if spec.parallel is not None else native)
     if syntax.family == "mistral-args":
         one = g.add("m-one", " | ".join(f'{literal(n)} "[ARGS]" {spec.arg_rules[n]}' for n in names))
         after = g.add("m-after", f"{one} ({literal(syntax.open)} {one})*" if many else one)
@@ -259,9 +265,9 @@ def build_plan(model: ChatModel, request: ResponseRequest, spec: OutputSpec) -> 
     plan = ChatPlan(prompt=prompt, dialect=dialect)
     body = None
     if syntax is not None and spec.forced:
-        body = call_rules(g, syntax, spec)[0]
+        body = call_rules(g, syntax, spec, dialect.native)[0]
     elif syntax is not None and spec.json_rule is not None:  # auto: the JSON answer, or calls
-        body = f"{spec.json_rule} | {call_rules(g, syntax, spec)[0]}"
+        body = f"{spec.json_rule} | {call_rules(g, syntax, spec, dialect.native)[0]}"
     elif spec.json_rule is not None:
         body = spec.json_rule
     if body is not None:
@@ -269,7 +275,7 @@ def build_plan(model: ChatModel, request: ResponseRequest, spec: OutputSpec) -> 
         plan.grammar_root = g.add("root", f"{lead}({body})")
         plan.grammar = g.text(plan.grammar_root)
     elif syntax is not None:
-        _, after = call_rules(g, syntax, spec)
+        _, after = call_rules(g, syntax, spec, dialect.native)
         plan.lazy_roots = {syntax.open: after}
         plan.grammar = g.text(after)
 
