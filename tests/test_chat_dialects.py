@@ -141,3 +141,46 @@ def test_reasoning_capability_comes_from_the_template(source: str) -> None:
     plain = ModelEntry("p", Path("/y.gguf"), "custom", 1, info=GGUFInfo(chat_template=LLAMA31))
     assert model_capabilities(plain) == ["text", "streaming", "tools", "structured_output"]
     assert model_capabilities(ModelEntry("e", Path("/z.gguf"), "custom", 1, error="bad header")) == []
+
+
+class _Model:
+    """Just what a plan reads from a loaded model: its template and marker tokens."""
+
+    def __init__(self, source: str | None, builtin: str = "chatml") -> None:
+        self.template = ChatTemplate(source, "model", "<s>", "</s>") if source else ChatTemplate(
+            BUILTIN_TEMPLATES[builtin], builtin, "<s>", "</s>")
+
+    def find_token(self, text: str) -> int | None:
+        return {"<|python_tag|>": 7}.get(text)
+
+    def is_control(self, token: int) -> bool:
+        return True
+
+
+def _plan(source: str | None, **body: object):
+    from lmsp_tray.chat.plan import build_plan, prepare
+    from lmsp_tray.protocol.requests import parse_response_create
+
+    weather = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
+    request = parse_response_create({"model": "m", "input": "hi", "tools": [weather], **body})
+    return build_plan(_Model(source), request, prepare(request))
+
+
+def test_plans_choose_grammar_parallelism_and_thinking() -> None:
+    auto = _plan(QWEN3)
+    assert auto.lazy_roots == {"<tool_call>": "h-after"} and "h-after ::=" in (auto.grammar or "")
+    assert auto.parser_config.think == ("<think>", "</think>")
+    assert "h-call)*" in (_plan(QWEN3, tool_choice="required").grammar or "")  # Qwen calls in parallel
+    assert "h-call)*" not in (_plan(QWEN3, tool_choice="required", parallel_tool_calls=False).grammar or "")
+    assert "h-call)*" not in (_plan(None, tool_choice="required").grammar or "")  # built-in instruction: one
+    assert "h-call)*" in (_plan(None, tool_choice="required", parallel_tool_calls=True).grammar or "")
+    named = _plan(QWEN3, tool_choice={"type": "function", "name": "get_weather"}).grammar or ""
+    assert "h-call)*" not in named and "think ::=" in named  # Qwen3 may think first
+    assert _plan(QWEN3, tool_choice="none").grammar is None and _plan(QWEN3, tool_choice="none").parser_config.syntax is None
+    llama = _plan(LLAMA31, tool_choice="required")
+    assert llama.visible_tokens == frozenset({7})  # <|python_tag|> is a control token the parser must see
+    off = _plan(DEEPSEEK_R1, extensions={"lmsp_tray": {"reasoning": False}},
+                response_format={"type": "json_object"})
+    assert off.prompt.endswith("<think>\n</think>\n\n") and "think" not in (off.grammar or "")
+    on = _plan(DEEPSEEK_R1, response_format={"type": "json_object"})
+    assert on.parser_config.start_in_think and "root ::= think" in (on.grammar or "")
