@@ -130,6 +130,8 @@ class Sampler:
         cur = llama_cpp.llama_token_data_array(self._cells, self._n_vocab, -1, False)
         if grammar_first:
             llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(cur))
+            if not np.isfinite(view["logit"]).any():  # accepting any token now would abort llama.cpp
+                raise GrammarError("no token of this model's vocabulary can continue it")
         llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(cur))
         return int(cur.data[cur.selected].id)
 

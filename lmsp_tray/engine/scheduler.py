@@ -54,6 +54,7 @@ class _Slot:
     reused: int = 0
     sampler: Sampler | None = None
     stream: TextStream | None = None
+    grammar_on: bool = False  # a lazy grammar has been switched on
     admitted: int = 0  # admission order (FIFO among prompt chunks)
     last_used: float = 0.0
     # per step
@@ -224,6 +225,7 @@ class Scheduler:
         slot.last_token = -1
         slot.stream = TextStream(job.stop, grammar_utf8=job.sampling.grammar is not None)
         sampling = job.sampling
+        slot.grammar_on = False
         if job.grammar_trigger is not None:  # a lazy grammar starts switched off
             sampling = dataclasses.replace(sampling, grammar=None)
         try:
@@ -243,6 +245,7 @@ class Scheduler:
         if slot.sampler is not None:
             slot.sampler.close()
         slot.sampler = sampler
+        slot.grammar_on = True
         return True
 
     def _step(self) -> None:
@@ -289,7 +292,12 @@ class Scheduler:
                 slot.pending = slot.pending[len(slot.fed):]
             if slot.out >= 0:
                 assert slot.sampler is not None
-                self._on_token(slot, slot.sampler.sample(self._model.ctx, slot.out))
+                try:
+                    token = slot.sampler.sample(self._model.ctx, slot.out)
+                except GrammarError as exc:  # a grammar with no way on: end this request, not the thread
+                    self._finish(slot, ERROR, InternalError(f"The output constraint cannot be continued: {exc}."))
+                    continue
+                self._on_token(slot, token)
 
     @staticmethod
     def _add(batch: llama_cpp.llama_batch, i: int, token: int, pos: int, seq: int, logits: bool) -> None:
@@ -323,7 +331,7 @@ class Scheduler:
             return
         slot.generated += 1
         piece = self._model.piece(token, special=token in job.visible_tokens)
-        if job.grammar_trigger is not None:
+        if job.grammar_trigger is not None and not slot.grammar_on:
             root = job.grammar_trigger(piece)
             if root is not None and not self._switch_grammar_on(slot, root):
                 return
