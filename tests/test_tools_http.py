@@ -228,3 +228,29 @@ def test_reasoning_capability_is_checked(client: httpx.Client) -> None:
     assert r.status_code == 400
     assert r.json()["code"] == "unsupported_capability"
     assert r.json()["param"] == "extensions.lmsp_tray.reasoning"
+
+
+def test_openai_sdk_runs_a_tool_loop(live: LiveDaemon) -> None:
+    """The official Responses client, unmodified: typed function_call items, streamed calls, results back."""
+    import openai
+
+    client = openai.OpenAI(base_url=live.url, api_key="unused-until-tokens", max_retries=0)
+    tools = [{**WEATHER, "strict": True}]
+    first = client.responses.create(model=QWEN_ID, input="Weather in Oslo?", tools=tools, tool_choice="required",
+                                    temperature=1.0, max_output_tokens=300, extra_body={"extensions": seeded(4)})
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert first.status == "completed" and calls
+    validate_call(calls[0].model_dump(), [WEATHER])
+    with client.responses.stream(model=QWEN_ID, input="Weather in Oslo?", tools=tools, tool_choice="required",
+                                 temperature=1.0, max_output_tokens=300,
+                                 extra_body={"extensions": seeded(4)}) as s:
+        kinds = [event.type for event in s]
+        streamed = s.get_final_response()
+    assert "response.function_call_arguments.delta" in kinds
+    assert [i.arguments for i in streamed.output if i.type == "function_call"] == [c.arguments for c in calls]
+    history = [{"role": "user", "content": "Weather in Oslo?"}, *[item.model_dump(exclude_none=True)
+                                                                 for item in first.output]]
+    history += [{"type": "function_call_output", "call_id": c.call_id, "output": '{"temperature": 4}'} for c in calls]
+    final = client.responses.create(model=QWEN_ID, input=history, tools=tools, max_output_tokens=40,
+                                    temperature=1.0, extra_body={"extensions": seeded(5)})
+    assert final.status in ("completed", "incomplete")
