@@ -275,6 +275,7 @@ class Daemon:
         self._remove_discovery_file()
         self.watcher.stop()
         self.models.close()
+        self.runtime.close()
         self.housekeeper.stop()
         self.db.close()
 

@@ -41,7 +41,7 @@ def gemma(tmp_path_factory: pytest.TempPathFactory, gemma_gguf: Path) -> Iterato
         mp.setenv("LMSP_TRAY_HOME", str(tmp_path_factory.mktemp("home")))
         live = start_daemon(folder, threads=1)
         try:
-            with httpx.Client(base_url=live.url, timeout=300) as c:
+            with httpx.Client(base_url=live.url, timeout=300, headers=live.auth_headers) as c:
                 [model] = c.get("/models").json()["data"]
             assert {"tools", "structured_output"} <= set(model["capabilities"])
             assert "reasoning" not in model["capabilities"]
@@ -54,7 +54,7 @@ def test_gemma_structured_output_is_schema_valid(gemma: tuple[LiveDaemon, str]) 
     live, model = gemma
     body = {"model": model, "input": "Describe Paris as a JSON record.", "temperature": 0, "max_output_tokens": 160,
             "response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY}}}
-    with httpx.Client(base_url=live.url, timeout=300) as c:
+    with httpx.Client(base_url=live.url, timeout=300, headers=live.auth_headers) as c:
         doc = c.post("/responses", json=body).json()
         assert doc["status"] == "completed", doc
         value = json.loads(doc["output"][0]["content"][0]["text"])
@@ -71,7 +71,7 @@ def test_gemma_required_tool_call_via_builtin_instruction(gemma: tuple[LiveDaemo
     live, model = gemma
     body = {"model": model, "input": "What is the weather in Paris right now?", "temperature": 0,
             "max_output_tokens": 80, "tools": [WEATHER], "tool_choice": "required"}
-    with httpx.Client(base_url=live.url, timeout=300) as c:
+    with httpx.Client(base_url=live.url, timeout=300, headers=live.auth_headers) as c:
         doc = c.post("/responses", json=body).json()
     assert doc["status"] == "completed", doc
     [call] = [i for i in doc["output"] if i["type"] == "function_call"]

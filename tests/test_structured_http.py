@@ -142,7 +142,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveDaemon]:
 
 @pytest.fixture
 def client(live: LiveDaemon) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=live.url, timeout=120) as c:
+    with httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as c:
         yield c
 
 

@@ -44,7 +44,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveDaemon]:
 
 @pytest.fixture
 def client(live: LiveDaemon) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=live.url, timeout=120) as c:
+    with httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as c:
         yield c
 
 
@@ -234,7 +234,7 @@ def test_openai_sdk_runs_a_tool_loop(live: LiveDaemon) -> None:
     """The official Responses client, unmodified: typed function_call items, streamed calls, results back."""
     import openai
 
-    client = openai.OpenAI(base_url=live.url, api_key="unused-until-tokens", max_retries=0)
+    client = openai.OpenAI(base_url=live.url, api_key=live.owner_token, max_retries=0)
     tools = [{**WEATHER, "strict": True}]
     first = client.responses.create(model=QWEN_ID, input="Weather in Oslo?", tools=tools, tool_choice="required",
                                     temperature=1.0, max_output_tokens=300, extra_body={"extensions": seeded(4)})
