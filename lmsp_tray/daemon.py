@@ -174,7 +174,7 @@ class Daemon:
         self.models = ModelManager(self.runtime, load_options(config, self.runtime),
                                    budget=memory_budget(config, self.runtime), keep_alive=config.keep_alive)
         self.service = Service(config=config, catalog=catalog, models=self.models,
-                               capabilities=Capabilities(("streaming", "conversations")))
+                               capabilities=Capabilities((*Capabilities().names, "conversations")))
         self.store_settings = settings = StoreSettings.from_config(config)
         self.db = Database(paths.database)
         try:
@@ -334,6 +334,7 @@ class Daemon:
         self._remove_discovery_file()
         self.watcher.stop()
         self.models.close()
+        self.runtime.close()
         self.housekeeper.stop()
         self.db.close()  # commits whatever is still queued
 

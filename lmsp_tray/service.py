@@ -12,13 +12,15 @@ the same events and keep the final object.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Protocol
 
 from lmsp_tray import __version__
+from lmsp_tray.chat.capabilities import model_capabilities
+from lmsp_tray.chat.parser import OutputParser, ParserConfig, apply
+from lmsp_tray.chat.plan import ChatPlan, OutputSpec, build_plan, prepare
 from lmsp_tray.config import Config, parse_duration, ConfigError
 from lmsp_tray.discovery.entry import ModelEntry
 from lmsp_tray.engine.jobs import CANCELLED, CONTEXT, ERROR, LENGTH, Finish, GenerationJob
@@ -42,7 +44,7 @@ from lmsp_tray.errors import (
     UnsupportedCapability,
 )
 from lmsp_tray.protocol.events import Event, ResponseAssembler
-from lmsp_tray.protocol.requests import FunctionCall, FunctionCallOutput, Message, ResponseRequest
+from lmsp_tray.protocol.requests import ResponseRequest
 from lmsp_tray.tokens import SCOPES
 
 log = logging.getLogger("lmsp_tray.service")
@@ -62,17 +64,18 @@ class Catalog(Protocol):
 class Capabilities:
     """Service-level capabilities advertised in `GET /lmsp/v1` (others are added as they land)."""
 
-    names: tuple[str, ...] = ("streaming",)
+    names: tuple[str, ...] = ("streaming", "tools", "structured_output", "reasoning")
 
 
 class ResponseRun:
     """One running response: its events, in order, then the final object."""
 
     def __init__(self, assembler: ResponseAssembler, job: GenerationJob, queue: asyncio.Queue,
-                 on_done: Callable[["ResponseRun"], None] | None = None) -> None:
+                 on_done: Callable[["ResponseRun"], None] | None = None, parser: OutputParser | None = None) -> None:
         self.assembler = assembler
         self.job = job
         self._queue = queue
+        self._parser = parser or OutputParser(ParserConfig())  # text -> reasoning / message / calls
         self._on_done = on_done
         self.events_sent = 0
         self.error: LMSPError | None = None
@@ -98,9 +101,12 @@ class ResponseRun:
             while True:
                 item = await self._queue.get()
                 if isinstance(item, str):
-                    for event in asm.text(item):
+                    for event in apply(asm, self._parser.feed(item)):
                         yield event
                     continue
+                if item.reason != ERROR:
+                    for event in apply(asm, self._parser.finish()):
+                        yield event
                 for event in self._terminal(item):
                     yield event
                 return
@@ -207,9 +213,7 @@ class Service:
         return obj
 
     def model_capabilities(self, entry: ModelEntry) -> list[str]:
-        if not entry.ok:
-            return []
-        return ["text", "streaming"]
+        return model_capabilities(entry)
 
     def list_models(self) -> list[dict[str, Any]]:
         return [self.model_object(e) for e in self.catalog.entries()]
@@ -232,6 +236,7 @@ class Service:
         """Everything that can fail before the first event; `response_id` is fixed in advance for tasks."""
         entry = self.entry(request.model, param="model")
         self._check_capabilities(entry, request)
+        spec = prepare(request)  # tools, tool_choice, schemas, tool results: checked before loading
         keep_alive = self._keep_alive(request)
         for attempt in range(2):
             # The common case, already loaded, takes no thread hop (it counts in time to first token).
@@ -239,10 +244,10 @@ class Service:
             if model is None:
                 model = await asyncio.to_thread(self.models.acquire, entry, keep_alive=keep_alive)
             if sum(len(getattr(i, "text", "")) for i in request.items) < INLINE_PROMPT_CHARS:
-                prompt = self._prompt_tokens(model, request)
+                plan, prompt = self._prompt_tokens(model, request, spec)
             else:  # long inputs are rendered and tokenized off the event loop
-                prompt = await asyncio.to_thread(self._prompt_tokens, model, request)
-            job, queue = self._job(model, request, prompt)
+                plan, prompt = await asyncio.to_thread(self._prompt_tokens, model, request, spec)
+            job, queue = self._job(model, request, prompt, plan)
             try:
                 model.submit(job)
                 break
@@ -250,13 +255,15 @@ class Service:
                 if attempt:
                     raise  # unloaded twice in a row: give up
         assembler = ResponseAssembler(entry.id, response_id=response_id)
-        run = ResponseRun(assembler, job, queue, on_done=self._runs.discard)
+        run = ResponseRun(assembler, job, queue, on_done=self._runs.discard,
+                          parser=plan.parser(job.grammar_trigger))  # type: ignore[arg-type]
         self._runs.add(run)
         return run
 
     def check_request(self, request: ResponseRequest) -> None:
         """The checks `start_response` makes before loading anything (a task runs them when created)."""
         self._check_capabilities(self.entry(request.model, param="model"), request)
+        prepare(request)
         self._keep_alive(request)
 
     def _check_capabilities(self, entry: ModelEntry, request: ResponseRequest) -> None:
@@ -281,32 +288,12 @@ class Service:
         except ConfigError as exc:
             raise InvalidRequest(str(exc), param="extensions.lmsp_tray.keep_alive") from None
 
-    def _messages(self, request: ResponseRequest) -> list[dict[str, Any]]:
-        """The conversation in the shape chat templates expect (HF style)."""
-        messages: list[dict[str, Any]] = []
-        for item in request.items:
-            if isinstance(item, Message):
-                messages.append({"role": item.role, "content": item.text})
-            elif isinstance(item, FunctionCall):
-                try:
-                    arguments: Any = json.loads(item.arguments)
-                except ValueError:
-                    arguments = item.arguments
-                call = {"id": item.call_id, "type": "function",
-                        "function": {"name": item.name, "arguments": arguments}}
-                if messages and messages[-1]["role"] == "assistant" and "tool_calls" in messages[-1]:
-                    messages[-1]["tool_calls"].append(call)
-                else:
-                    messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-            elif isinstance(item, FunctionCallOutput):
-                messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
-        if not messages:
+    def _prompt_tokens(self, model: LlamaModel, request: ResponseRequest,
+                       spec: OutputSpec) -> tuple[ChatPlan, list[int]]:
+        if not request.items:
             raise InvalidRequest("'input' must contain at least one item.", param="input")
-        return messages
-
-    def _prompt_tokens(self, model: LlamaModel, request: ResponseRequest) -> list[int]:
-        text = model.render(self._messages(request), add_generation_prompt=True)
-        tokens = model.tokenize(text)
+        plan = build_plan(model, request, spec)  # prompt for the model's family, grammar, parser
+        tokens = model.tokenize(plan.prompt)
         window = model.context_length
         if not tokens:
             raise InvalidRequest("The input renders to an empty prompt.", param="input")
@@ -323,9 +310,10 @@ class Service:
                 f"{window - len(tokens)} or shorten the input.",
                 param="max_output_tokens",
             )
-        return tokens
+        return plan, tokens
 
-    def _job(self, model: LlamaModel, request: ResponseRequest, prompt: list[int]) -> tuple[GenerationJob, asyncio.Queue]:
+    def _job(self, model: LlamaModel, request: ResponseRequest, prompt: list[int],
+             plan: ChatPlan) -> tuple[GenerationJob, asyncio.Queue]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         put = queue.put_nowait
@@ -340,9 +328,12 @@ class Service:
             min_p=DEFAULT_MIN_P if request.min_p is None else request.min_p,
             repeat_penalty=1.0 if request.repeat_penalty is None else request.repeat_penalty,
             seed=request.seed,
+            grammar=plan.grammar,
+            grammar_root=plan.grammar_root,
         )
         max_tokens = request.max_output_tokens or (model.context_length - len(prompt))
-        job = GenerationJob(prompt=prompt, sampling=sampling, max_tokens=max_tokens, sink=sink, stop=request.stop)
+        job = GenerationJob(prompt=prompt, sampling=sampling, max_tokens=max_tokens, sink=sink, stop=request.stop,
+                            grammar_trigger=plan.trigger(), visible_tokens=plan.visible_tokens)
         return job, queue
 
     # -- shutdown -------------------------------------------------------------------------------

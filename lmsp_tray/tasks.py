@@ -188,8 +188,8 @@ class TaskManager:
     async def create(self, request: ResponseRequest, *, caller: Caller = ANONYMOUS,
                      key: str | None = None) -> tuple[TaskRecord, bool]:
         """Queue a task; returns it and whether it is an idempotent replay."""
-        self.service.check_request(request)  # 400/404 now rather than a failed task later
-        await self.conversations.prepare(request, owner=caller.owner)  # previous_response_id must exist
+        prepared = await self.conversations.prepare(request, owner=caller.owner)  # the chain must exist
+        self.service.check_request(prepared.request)  # 400/404 now rather than a failed task later
         if self._stopping:
             raise ServiceUnavailable("The service is shutting down; create the task again once it is back.")
         claim: Claim | None = None

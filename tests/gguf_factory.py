@@ -33,6 +33,7 @@ CONTROL_TOKENS = [
 ]
 # Tokens the chat-side features use as text markers (kept as normal tokens).
 MARKER_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+BIAS_ANCHOR = 8.0  # see write_tiny_gguf(logit_bias=...)
 WORD_PIECES = [
     "▁the", "▁a", "▁is", "▁of", "▁and", "▁to", "▁in", "▁it", "▁that", "▁you",
     "▁hello", "▁world", "▁model", "▁local", "▁service", "▁token", "▁stream", "▁test",
@@ -78,12 +79,19 @@ def write_tiny_gguf(
     seed: int = 0,
     extra_kv: dict[str, object] | None = None,
     split_max_tensors: int = 0,
+    logit_bias: dict[str, float] | None = None,
+    output_scale: float = 2.0,
 ) -> Path:
     """Write a tiny llama-architecture GGUF and return its path.
 
     With `split_max_tensors` > 0 the model is split llama.cpp-style into
     ``<stem>-00001-of-0000N.gguf`` ... beside `path`; the first part's path
     is returned.
+
+    `logit_bias` maps token strings to a strength: those tokens get a steady positive logit
+    offset (through an embedding dimension no layer writes to), so a test model can be made to
+    close strings or thinking blocks often instead of wandering until the context is full.
+    A smaller `output_scale` flattens the next-token distribution (more variety across seeds).
     """
     import gguf
 
@@ -136,21 +144,35 @@ def write_tiny_gguf(
     def weight(*shape: int, scale: float = 0.5) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
-    writer.add_tensor("token_embd.weight", weight(n_vocab, embedding))
-    writer.add_tensor("output_norm.weight", np.ones(embedding, dtype=np.float32))
-    output = weight(n_vocab, embedding, scale=2.0)
+    embd = weight(n_vocab, embedding)
+    output = weight(n_vocab, embedding, scale=output_scale)
     output[[i for i, t in enumerate(types) if t in (2, 3)]] = 0.0  # never end on its own
+    if logit_bias:
+        # Dimension 0 of the residual stream is a constant: every embedding holds BIAS_ANCHOR
+        # there and no block writes to it (row 0 of attn_output/ffn_down is zero below).
+        embd[:, 0] = BIAS_ANCHOR
+        output[:, 0] = 0.0
+        for tok, strength in logit_bias.items():
+            output[tokens.index(tok), 0] = strength
+    writer.add_tensor("token_embd.weight", embd)
+    writer.add_tensor("output_norm.weight", np.ones(embedding, dtype=np.float32))
     writer.add_tensor("output.weight", output)
     for b in range(blocks):
         writer.add_tensor(f"blk.{b}.attn_norm.weight", np.ones(embedding, dtype=np.float32))
         writer.add_tensor(f"blk.{b}.attn_q.weight", weight(embedding, embedding))
         writer.add_tensor(f"blk.{b}.attn_k.weight", weight(kv_dim, embedding))
         writer.add_tensor(f"blk.{b}.attn_v.weight", weight(kv_dim, embedding))
-        writer.add_tensor(f"blk.{b}.attn_output.weight", weight(embedding, embedding))
+        attn_out = weight(embedding, embedding)
+        if logit_bias:
+            attn_out[0] = 0.0
+        writer.add_tensor(f"blk.{b}.attn_output.weight", attn_out)
         writer.add_tensor(f"blk.{b}.ffn_norm.weight", np.ones(embedding, dtype=np.float32))
         writer.add_tensor(f"blk.{b}.ffn_gate.weight", weight(ffn, embedding))
         writer.add_tensor(f"blk.{b}.ffn_up.weight", weight(ffn, embedding))
-        writer.add_tensor(f"blk.{b}.ffn_down.weight", weight(embedding, ffn))
+        ffn_down = weight(embedding, ffn)
+        if logit_bias:
+            ffn_down[0] = 0.0
+        writer.add_tensor(f"blk.{b}.ffn_down.weight", ffn_down)
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

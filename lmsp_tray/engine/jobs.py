@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 from lmsp_tray.engine.sampling import SamplingParams
 from lmsp_tray.errors import LMSPError
@@ -34,6 +34,9 @@ class Finish:
 
 
 TextSink = Callable[[str | Finish], None]
+# Called in the scheduler thread with each token's bytes; returns the grammar rule to switch
+# `sampling.grammar` on from (a lazy grammar), or None to keep decoding freely.
+GrammarTrigger = Callable[[bytes], Optional[str]]
 
 
 @dataclass(eq=False)
@@ -45,6 +48,10 @@ class GenerationJob:
     stop: Sequence[str] = ()
     # Stop when one of these token ids is produced, besides the model's end-of-generation tokens.
     stop_tokens: frozenset[int] = frozenset()
+    # With a trigger, `sampling.grammar` is off until the trigger names the rule to start from.
+    grammar_trigger: GrammarTrigger | None = None
+    # Control tokens whose text is part of the output (call and thinking markers the parser reads).
+    visible_tokens: frozenset[int] = frozenset()
     # Filled in and read across threads:
     cancel_event: threading.Event = field(default_factory=threading.Event)
     submitted_at: float = field(default_factory=time.monotonic)

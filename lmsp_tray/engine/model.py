@@ -116,6 +116,7 @@ class LlamaModel:
         self.context_length = min(self.context_length, self.context_per_sequence)
 
         self._pieces: list[bytes | None] = [None] * self.n_vocab
+        self._texts: dict[str, int] | None = None  # marker-like token texts, built on first use
         self._piece_buf = ctypes.create_string_buffer(256)
         self.bos_text = self._token_text(llama_cpp.llama_vocab_bos(self.vocab))
         self.eos_text = self._token_text(llama_cpp.llama_vocab_eos(self.vocab))
@@ -169,6 +170,26 @@ class LlamaModel:
             llama_cpp.llama_vocab_get_attr(self.vocab, tokens[0]) & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
         )
 
+    def find_token(self, text: str) -> int | None:
+        """The id of the token whose text is exactly `text` (a marker such as `<tool_call>`), if any."""
+        if not text:
+            return None
+        tokens = self.tokenize(text, add_special=False, parse_special=True)
+        if len(tokens) == 1 and self._token_text(tokens[0]) == text:
+            return tokens[0]
+        texts = self._texts
+        if texts is None:  # normal tokens are not split out by tokenization: look them up
+            texts = {}
+            for token in range(self.n_vocab):
+                raw = llama_cpp.llama_vocab_get_text(self.vocab, token)
+                if raw and raw.startswith((b"<", b"[", b"\xe2\x97")) and len(raw) <= 32:
+                    texts.setdefault(raw.decode("utf-8", errors="replace"), token)
+            self._texts = texts
+        return texts.get(text)
+
+    def is_control(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_get_attr(self.vocab, token) & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL)
+
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         raw = text.encode("utf-8")
         size = len(raw) + 8
@@ -180,8 +201,11 @@ class LlamaModel:
             n = llama_cpp.llama_tokenize(self.vocab, raw, len(raw), buf, size, add_special, parse_special)
         return list(buf[:n])
 
-    def piece(self, token: int) -> bytes:
-        """The bytes of one token (special tokens render as nothing)."""
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes of one token (control tokens render as nothing unless `special`)."""
+        if special:
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, self._piece_buf, 256, 0, True)
+            return self._piece_buf.raw[:n] if n > 0 else b""
         cached = self._pieces[token]
         if cached is None:
             n = llama_cpp.llama_token_to_piece(self.vocab, token, self._piece_buf, 256, 0, False)

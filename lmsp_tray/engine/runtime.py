@@ -13,6 +13,7 @@ import ctypes
 import logging
 import os
 import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,9 +73,12 @@ class Runtime:
         self._count = 0
         self._partial = ""
         self._callback = None
+        self._restore_log = lambda: None
         if capture_logs:
             self._callback = llama_cpp.llama_log_callback(self._on_log)
             llama_cpp.llama_log_set(self._callback, ctypes.c_void_p(0))
+            # Also when a Runtime is dropped without close(): runs before the callback is freed.
+            self._restore_log = weakref.finalize(self, _default_log_handler)
         llama_cpp.llama_backend_init()
         self.supports_gpu_offload = bool(llama_cpp.llama_supports_gpu_offload())
         self.devices = self._gpu_devices() if self.supports_gpu_offload else []
@@ -153,7 +157,15 @@ class Runtime:
         return bool(self.devices)
 
     def close(self) -> None:
-        llama_cpp.llama_backend_free()
+        self._restore_log()
+
+
+def _default_log_handler() -> None:
+    """Hand llama.cpp's log back to llama-cpp-python's own handler before our callback is freed
+    (llama.cpp would otherwise call into freed memory the next time it logs)."""
+    from llama_cpp._logger import llama_log_callback
+
+    llama_cpp.llama_log_set(llama_log_callback, ctypes.c_void_p(0))
 
 
 def _ggml_library() -> ctypes.CDLL | None:

@@ -15,6 +15,7 @@ step, so a cancelled request stops within one decode step.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import math
 import threading
@@ -53,6 +54,7 @@ class _Slot:
     reused: int = 0
     sampler: Sampler | None = None
     stream: TextStream | None = None
+    grammar_on: bool = False  # a lazy grammar has been switched on
     admitted: int = 0  # admission order (FIFO among prompt chunks)
     last_used: float = 0.0
     # per step
@@ -221,11 +223,30 @@ class Scheduler:
         slot.reused = keep
         slot.generated = 0
         slot.last_token = -1
-        slot.stream = TextStream(job.stop)
+        slot.stream = TextStream(job.stop, grammar_utf8=job.sampling.grammar is not None)
+        sampling = job.sampling
+        slot.grammar_on = False
+        if job.grammar_trigger is not None:  # a lazy grammar starts switched off
+            sampling = dataclasses.replace(sampling, grammar=None)
         try:
-            slot.sampler = Sampler(self._model.vocab, job.sampling)
+            slot.sampler = Sampler(self._model.vocab, sampling)
         except GrammarError as exc:
             self._finish(slot, ERROR, InvalidRequest(f"The output constraint could not be compiled: {exc}."))
+
+    def _switch_grammar_on(self, slot: _Slot, root: str) -> bool:
+        """A lazy grammar's trigger fired: decode on under the grammar, from rule `root`."""
+        job = slot.job
+        assert job is not None
+        try:
+            sampler = Sampler(self._model.vocab, dataclasses.replace(job.sampling, grammar_root=root))
+        except GrammarError as exc:
+            self._finish(slot, ERROR, InvalidRequest(f"The output constraint could not be compiled: {exc}."))
+            return False
+        if slot.sampler is not None:
+            slot.sampler.close()
+        slot.sampler = sampler
+        slot.grammar_on = True
+        return True
 
     def _step(self) -> None:
         active = [s for s in self._slots if s.job is not None]
@@ -271,7 +292,12 @@ class Scheduler:
                 slot.pending = slot.pending[len(slot.fed):]
             if slot.out >= 0:
                 assert slot.sampler is not None
-                self._on_token(slot, slot.sampler.sample(self._model.ctx, slot.out))
+                try:
+                    token = slot.sampler.sample(self._model.ctx, slot.out)
+                except GrammarError as exc:  # a grammar with no way on: end this request, not the thread
+                    self._finish(slot, ERROR, InternalError(f"The output constraint cannot be continued: {exc}."))
+                    continue
+                self._on_token(slot, token)
 
     @staticmethod
     def _add(batch: llama_cpp.llama_batch, i: int, token: int, pos: int, seq: int, logits: bool) -> None:
@@ -304,7 +330,12 @@ class Scheduler:
             self._finish(slot, STOP)
             return
         slot.generated += 1
-        text = slot.stream.push(self._model.piece(token))
+        piece = self._model.piece(token, special=token in job.visible_tokens)
+        if job.grammar_trigger is not None and not slot.grammar_on:
+            root = job.grammar_trigger(piece)
+            if root is not None and not self._switch_grammar_on(slot, root):
+                return
+        text = slot.stream.push(piece)
         if text:
             job.sink(text)
         if slot.stream.stopped:

@@ -170,8 +170,10 @@ class ResponseAssembler:
             )
         ]
 
-    def close_item(self) -> list[Event]:
-        """Finish the open output item, if any, with `response.output_item.done`."""
+    def close_item(self, status: str = "completed") -> list[Event]:
+        """Finish the open output item, if any, with `response.output_item.done`.
+
+        `status` is `incomplete` for an item cut short by the output limit."""
         open_ = self._open
         if open_ is None:
             return []
@@ -193,7 +195,7 @@ class ResponseAssembler:
             item["arguments"] = text
             events.append(self._event("response.function_call_arguments.done", item_id=item["id"],
                                       output_index=open_.index, arguments=text))
-        item["status"] = "completed"
+        item["status"] = status
         self.output[open_.index] = item
         events.append(self._event("response.output_item.done", output_index=open_.index, item=copy.deepcopy(item)))
         return events
@@ -229,7 +231,7 @@ class ResponseAssembler:
 
     def incomplete(self, reason: str, input_tokens: int, output_tokens: int, *,
                    cached_tokens: int | None = None) -> list[Event]:
-        events = self.close_item()
+        events = self.close_item("incomplete")
         self.status = "incomplete"
         self.usage = usage(input_tokens, output_tokens, cached_tokens)
         self.incomplete_details = {"reason": reason}

@@ -1,0 +1,70 @@
+"""The engine under grammars, with real llama.cpp: lazy switch-on, dead ends, visible control tokens."""
+
+from __future__ import annotations
+
+import queue
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from lmsp_tray.discovery.entry import GGUFInfo, ModelEntry
+from lmsp_tray.engine.jobs import ERROR, STOP, Finish, GenerationJob
+from lmsp_tray.engine.model import LlamaModel, LoadOptions
+from lmsp_tray.engine.runtime import Runtime
+from lmsp_tray.engine.sampling import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaModel]:
+    from gguf_factory import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path_factory.mktemp("g") / "tiny.gguf")
+    entry = ModelEntry("tiny", Path(path), "custom", path.stat().st_size, (path,),
+                       GGUFInfo(architecture="llama", context_length=512, block_count=2))
+    runtime = Runtime()
+    loaded = LlamaModel(runtime, entry, LoadOptions(parallel=2, threads=1))
+    yield loaded
+    loaded.close()
+
+
+def run(model: LlamaModel, sampling: SamplingParams, max_tokens: int = 40, **job: object) -> tuple[str, Finish]:
+    out: queue.Queue = queue.Queue()
+    model.submit(GenerationJob(prompt=model.tokenize("hello"), sampling=sampling, max_tokens=max_tokens,
+                               sink=out.put, **job))
+    text = []
+    while True:
+        item = out.get(timeout=60)
+        if isinstance(item, Finish):
+            return "".join(text), item
+        text.append(item)
+
+
+def test_lazy_grammar_switches_on_when_the_trigger_says(model: LlamaModel) -> None:
+    seen: list[bytes] = []
+
+    def trigger(piece: bytes) -> str | None:
+        seen.append(piece)
+        return "tail" if len(seen) == 3 else None
+
+    grammar = 'root ::= "never"\ntail ::= "[done]"'
+    text, finish = run(model, SamplingParams(seed=1, grammar=grammar), grammar_trigger=trigger)
+    assert finish.reason == STOP and text.endswith("[done]")  # free for three tokens, then the rule
+    assert finish.output_tokens >= 4 and len(seen) == 3
+
+
+def test_a_grammar_with_no_way_on_fails_the_request_not_the_engine(model: LlamaModel) -> None:
+    text, finish = run(model, SamplingParams(seed=1, grammar=r'root ::= "a" [\x00]'))
+    assert finish.reason == ERROR and finish.error is not None and "cannot be continued" in finish.error.detail
+    text, finish = run(model, SamplingParams(seed=2, grammar='root ::= "ok"'))
+    assert (text, finish.reason) == ("ok", STOP)  # the scheduler still serves
+
+
+def test_visible_control_tokens_reach_the_text(model: LlamaModel) -> None:
+    tag = model.find_token("<|python_tag|>")
+    assert tag is not None and model.is_control(tag)
+    grammar = 'root ::= "<|python_tag|>" "x"'
+    hidden, _ = run(model, SamplingParams(seed=1, grammar=grammar, temperature=0))
+    shown, _ = run(model, SamplingParams(seed=1, grammar=grammar, temperature=0), visible_tokens=frozenset({tag}))
+    assert shown == "<|python_tag|>x"
+    assert hidden in ("x", "<|python_tag|>x")  # spelt with byte tokens it is text either way
