@@ -121,7 +121,10 @@ class Config:
     max_loaded_models: int = 3
     memory_budget_fraction: float = 0.75  # of RAM (and VRAM) that loaded models may use
     max_request_bytes: int = 8 * 1024 * 1024
-    event_retention: float = 86400.0
+    event_retention: float = 86400.0  # a finished task's events (then 410 event_history_expired)
+    stored_response_ttl: float | None = None  # stored responses (`store: true`); None: until deleted
+    task_ttl: float | None = None  # finished tasks themselves; None: until deleted
+    housekeeping_interval: float | None = None  # None: from event_retention (1 s .. 10 min)
     allowed_origins: list[str] = field(default_factory=list)
     demo_model: bool = True  # assemble the embedded demo model when no other model exists
 
@@ -158,9 +161,9 @@ def config_from_mapping(raw: Mapping[str, Any], *, source: str = "config") -> Co
 
 def _coerce(name: str, value: Any, source: str) -> Any:
     where = f"{source}: {name}"
-    if name in {"keep_alive", "event_retention"}:
+    if name in {"keep_alive", "event_retention", "stored_response_ttl", "task_ttl", "housekeeping_interval"}:
         seconds = parse_duration(value, name=where)
-        if name == "event_retention" and seconds is None:
+        if name in {"event_retention", "housekeeping_interval"} and seconds is None:
             raise ConfigError(f"{where}: must be a finite duration")
         return seconds
     if name == "models_dirs":

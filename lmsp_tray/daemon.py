@@ -152,14 +152,12 @@ class StoreSettings:
 
     @classmethod
     def from_config(cls, config: Config) -> "StoreSettings":
-        # `stored_response_ttl`, `task_ttl` and `housekeeping_interval` are read if Config has them
-        # (proposed settings); until then stored responses and tasks are kept until deleted.
         retention = float(config.event_retention)
-        interval = getattr(config, "housekeeping_interval", None)
+        interval = config.housekeeping_interval
         return cls(
             event_retention_s=retention,
-            response_ttl_s=getattr(config, "stored_response_ttl", None),
-            task_ttl_s=getattr(config, "task_ttl", None),
+            response_ttl_s=config.stored_response_ttl,
+            task_ttl_s=config.task_ttl,
             housekeeping_interval_s=float(interval) if interval else max(1.0, min(600.0, retention / 4)),
         )
 
