@@ -143,14 +143,16 @@ def lmsp_service(model: Path, *, threads: int, extra_env: dict[str, str] | None 
 def llama_cpp_server(model: Path, *, threads: int | None, n_ctx: int = 8192) -> Iterator[str]:
     """`python -m llama_cpp.server` (llama-cpp-python's own OpenAI-style server).
 
-    `threads=None` runs it as a user would, with its own defaults (half the CPUs, 2048 context).
+    `threads=None` runs it as a user would, with its own defaults (half the CPUs, 2048 context) —
+    except `--interrupt_requests false`: by default a new request cuts off the stream in progress,
+    which would make the concurrency runs meaningless; with it off requests queue (serialise).
     """
     port = free_port()
     tuning = [] if threads is None else ["--n_ctx", str(n_ctx), "--n_threads", str(threads),
                                          "--n_threads_batch", str(threads)]
     proc = subprocess.Popen(
         [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--port", str(port), *tuning,
-         "--verbose", "false"],
+         "--interrupt_requests", "false", "--verbose", "false"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -95,25 +95,31 @@ def pct(values: list[float], q: float) -> float:
 
 
 def conversation(turn: Callable[[httpx.Client, list[tuple[str, str]], str], tuple[float, str]],
-                 turns: int) -> list[float]:
+                 turns: int, offset: int = 0) -> list[float]:
     """TTFT of each turn of a conversation whose whole history is sent again every turn."""
     history: list[tuple[str, str]] = []
     ttfts = []
     with httpx.Client(timeout=600) as c:
         for t in range(turns):
-            question = f"Turn {t + 1}: continue the story about {TOPICS[t % len(TOPICS)]} with a new twist."
+            topic = TOPICS[(t + offset) % len(TOPICS)]
+            question = f"Turn {t + 1}: continue the story about {topic} with a new twist."
             ttft, reply = turn(c, history, question)
             ttfts.append(ttft)
             history.append((question, reply))
     return ttfts
 
 
+def median_turns(runs: list[list[float]]) -> list[float]:
+    return [statistics.median(run[i] for run in runs) for i in range(len(runs[0]))]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=96)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=physical_cores())
     parser.add_argument("--turns", type=int, default=10)
+    parser.add_argument("--conversations", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="1 round, concurrency 1 and 4 only")
     args = parser.parse_args()
     levels = [1, 4] if args.quick else [1, 2, 4, 8]
@@ -158,11 +164,12 @@ def main() -> int:
             names = list(single)
             names = names[r % len(names):] + names[: r % len(names)]
             with httpx.Client(timeout=600) as c:
-                for name in names:
-                    if name == "inproc":
-                        single[name].append(in_process_sample(llm, render(message(r)), args.tokens))
-                    else:
-                        single[name].append(peers[name](c, r, args.tokens))
+                for _ in range(2):  # two single-stream samples per peer and round
+                    for name in names:
+                        if name == "inproc":
+                            single[name].append(in_process_sample(llm, render(message(r)), args.tokens))
+                        else:
+                            single[name].append(peers[name](c, r, args.tokens))
             for n in levels:
                 for name in [x for x in names if x != "inproc"]:
                     conc.setdefault((name, n), []).append(concurrent(peers[name], n, args.tokens))
@@ -180,7 +187,8 @@ def main() -> int:
             rows.append((f"{n}", name, f"{agg:.1f}", f"{pct(ttfts, 0.5) * 1000:.0f}", f"{pct(ttfts, 0.95) * 1000:.0f}"))
         print_table(rows, ("streams", "peer", "aggregate tok/s", "p50 TTFT ms", "p95 TTFT ms"))
 
-        print(f"\n{args.turns}-turn conversation, whole history re-sent each turn (TTFT ms per turn)")
+        print(f"\n{args.turns}-turn conversation, whole history re-sent each turn "
+              f"(TTFT ms per turn, median of {args.conversations} conversations)")
 
         def turn_ours(c: httpx.Client, history: list[tuple[str, str]], q: str) -> tuple[float, str]:
             prev = [m for u, a in history for m in ({"role": "user", "content": u},
@@ -198,8 +206,11 @@ def main() -> int:
             timings = r.json()["timings"]
             return (timings["prompt_ms"] + timings["predicted_per_token_ms"]) / 1000, r.json()["content"]
 
-        ours_turns = conversation(turn_ours, args.turns)
-        ls_turns = conversation(turn_llama_server, args.turns)
+        ours_runs, ls_runs = [], []
+        for k in range(args.conversations):  # interleaved; medians per turn
+            ours_runs.append(conversation(turn_ours, args.turns, offset=k))
+            ls_runs.append(conversation(turn_llama_server, args.turns, offset=k))
+        ours_turns, ls_turns = median_turns(ours_runs), median_turns(ls_runs)
         print_table([(str(i + 1), f"{a * 1000:.0f}", f"{b * 1000:.0f}") for i, (a, b) in
                      enumerate(zip(ours_turns, ls_turns))], ("turn", "lmsp-tray", "llama-server -np 1 (server timing)"))
 
