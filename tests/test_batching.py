@@ -87,3 +87,62 @@ def test_cancelling_one_sequence_leaves_the_others_unchanged(daemon_factory) -> 
         batched = dict(zip(others, pool.map(lambda p: run_stream(live, p, 200, model=SLOW_ID)[0], others)))
         victim.result()
     assert batched == alone
+
+
+def test_short_request_is_not_starved_by_a_long_one(daemon_factory) -> None:
+    """With a long generation running, a short request joins the batch and finishes long before it."""
+    live = daemon_factory(parallel=2)
+    first_delta = threading.Event()
+    order: list[str] = []
+
+    def long_one() -> None:
+        with httpx.Client(base_url=live.url, timeout=300, headers=live.auth_headers) as c:
+            with c.stream("POST", "/responses", json=body(model=SLOW_ID, max_output_tokens=1500, stream=True)) as r:
+                for e in iter_sse(r):
+                    if isinstance(e, SSE) and e.event == "response.output_text.delta":
+                        first_delta.set()
+        order.append("long")
+
+    worker = threading.Thread(target=long_one)
+    worker.start()
+    assert first_delta.wait(60)
+    text, evs = run_stream(live, PROMPTS[1], 5, model=SLOW_ID)
+    order.append("short")
+    worker.join(300)
+    assert evs[-1].data["usage"]["output_tokens"] == 5
+    assert order == ["short", "long"]
+
+
+def test_newcomer_prompt_is_chunked_so_running_streams_keep_flowing(daemon_factory) -> None:
+    """A long prompt arriving while a stream runs is evaluated in chunks between that stream's steps."""
+    live = daemon_factory(parallel=2)
+    a_deltas: list[float] = []
+    b_first: list[float] = []
+    b_sent: list[float] = []
+    started = threading.Event()
+    clock = iter(range(10**9))  # a logical clock: ordering, not wall time
+
+    def stream_a() -> None:
+        with httpx.Client(base_url=live.url, timeout=300, headers=live.auth_headers) as c:
+            with c.stream("POST", "/responses", json=body(model=SLOW_ID, max_output_tokens=3000, stream=True)) as r:
+                for e in iter_sse(r):
+                    if isinstance(e, SSE) and e.event == "response.output_text.delta":
+                        a_deltas.append(next(clock))
+                        started.set()
+                        if b_first:
+                            return
+
+    worker = threading.Thread(target=stream_a)
+    worker.start()
+    assert started.wait(60)
+    long_prompt = "the local model service " * 700  # ~2800 tokens: about 11 chunks of 256
+    b_sent.append(next(clock))
+    with httpx.Client(base_url=live.url, timeout=300, headers=live.auth_headers) as c:
+        with c.stream("POST", "/responses", json=body(long_prompt, model=SLOW_ID, max_output_tokens=2,
+                                                      stream=True)) as r:
+            for e in iter_sse(r):
+                if isinstance(e, SSE) and e.event == "response.output_text.delta" and not b_first:
+                    b_first.append(next(clock))
+    worker.join(300)
+    during = [t for t in a_deltas if b_sent[0] < t < b_first[0]]
+    assert len(during) >= 5, f"stream A got {len(during)} tokens while B's prompt was evaluated"
