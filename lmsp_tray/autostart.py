@@ -227,13 +227,7 @@ class XDGAutostart:
         _write_atomic(self.path, "\n".join(lines).encode("utf-8"))
 
     def remove(self) -> bool:
-        try:
-            self.path.unlink()
-            return True
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            raise AutostartError(f"cannot remove {self.path}: {exc.strerror or exc}") from None
+        return _remove(self.path)
 
 
 class LaunchAgent:
@@ -280,13 +274,18 @@ class LaunchAgent:
         _write_atomic(self.path, plistlib.dumps(self.document(command), fmt=plistlib.FMT_XML))
 
     def remove(self) -> bool:
-        try:
-            self.path.unlink()
-            return True
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            raise AutostartError(f"cannot remove {self.path}: {exc.strerror or exc}") from None
+        return _remove(self.path)
+
+
+def _remove(path: Path) -> bool:
+    """Delete an autostart file; False when there was none."""
+    try:
+        path.unlink()
+        return True
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise AutostartError(f"cannot remove {path}: {exc.strerror or exc}") from None
 
 
 class Registry(Protocol):

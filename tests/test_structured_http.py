@@ -8,13 +8,13 @@ features that cannot be enforced are refused with a 400 naming the keyword.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import jsonschema
 import pytest
 
-from support import LiveDaemon, start_daemon
+from tools_support import client, live  # noqa: F401  (pytest fixtures shared by the tool tests)
 from tools_support import (
     FORMAT_CHECKER,
     LLAMA_ID,
@@ -25,7 +25,6 @@ from tools_support import (
     output_of,
     seeded,
     stream,
-    write_family_models,
 )
 
 SCHEMAS: dict[str, dict[str, Any]] = {
@@ -126,24 +125,6 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     },
 }
 
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveDaemon]:
-    home = tmp_path_factory.mktemp("home")
-    models = write_family_models(tmp_path_factory.mktemp("family-models"))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("LMSP_TRAY_HOME", str(home))
-        daemon = start_daemon(models, parallel=2, threads=1)  # 1 thread: steady on a busy machine
-        try:
-            yield daemon
-        finally:
-            daemon.stop()
-
-
-@pytest.fixture
-def client(live: LiveDaemon) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as c:
-        yield c
 
 
 def structured(model: str, schema: dict[str, Any], seed: int, **extra: Any) -> dict[str, Any]:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from typing import Iterator
 
 import httpx
 import pytest
 
-from support import LiveDaemon, start_daemon
+from support import LiveDaemon
+from tools_support import client, live  # noqa: F401  (pytest fixtures shared by the tool tests)
 from tools_support import (
     BOOK,
     LLAMA_ID,
@@ -23,29 +23,10 @@ from tools_support import (
     seeded,
     stream,
     validate_call,
-    write_family_models,
 )
 
 SEEDS = range(20)
 
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveDaemon]:
-    home = tmp_path_factory.mktemp("home")
-    models = write_family_models(tmp_path_factory.mktemp("family-models"))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("LMSP_TRAY_HOME", str(home))
-        daemon = start_daemon(models, parallel=2, threads=1)  # 1 thread: steady on a busy machine
-        try:
-            yield daemon
-        finally:
-            daemon.stop()
-
-
-@pytest.fixture
-def client(live: LiveDaemon) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as c:
-        yield c
 
 
 def test_capabilities_per_model(client: httpx.Client) -> None:

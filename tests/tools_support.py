@@ -15,10 +15,11 @@ from typing import Any, Iterator
 
 import httpx
 import jsonschema
+import pytest
 
 from chat_templates import DEEPSEEK_R1, LLAMA31, QWEN3
 from gguf_factory import write_tiny_gguf
-from support import SSE, events
+from support import SSE, LiveDaemon, events, start_daemon
 
 QWEN_ID = "qwen3-tiny:1m-f32"
 LLAMA_ID = "llama3-tiny:1m-f32"
@@ -77,6 +78,25 @@ BOOK = {
 }
 TOOLS = [WEATHER, BOOK]
 FORMAT_CHECKER = jsonschema.Draft202012Validator.FORMAT_CHECKER
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveDaemon]:
+    home = tmp_path_factory.mktemp("home")
+    models = write_family_models(tmp_path_factory.mktemp("family-models"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LMSP_TRAY_HOME", str(home))
+        daemon = start_daemon(models, parallel=2, threads=1)  # 1 thread: steady on a busy machine
+        try:
+            yield daemon
+        finally:
+            daemon.stop()
+
+
+@pytest.fixture
+def client(live: LiveDaemon) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as c:
+        yield c
 
 
 def validate_call(item: dict[str, Any], tools: list[dict[str, Any]] = TOOLS) -> dict[str, Any]:
