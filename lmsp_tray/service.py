@@ -62,7 +62,8 @@ class Catalog(Protocol):
 
 @dataclass
 class Capabilities:
-    """Service-level capabilities advertised in `GET /lmsp/v1` (others are added as they land)."""
+    """Service-level capabilities advertised in `GET /lmsp/v1` (the daemon adds `conversations`
+    when it runs with the store)."""
 
     names: tuple[str, ...] = ("streaming", "tools", "structured_output", "reasoning")
 
@@ -77,7 +78,6 @@ class ResponseRun:
         self._queue = queue
         self._parser = parser or OutputParser(ParserConfig())  # text -> reasoning / message / calls
         self._on_done = on_done
-        self.events_sent = 0
         self.error: LMSPError | None = None
         self.finish: Finish | None = None  # how generation ended (cached_tokens: prompt reused from KV cache)
         self._cancel_error: LMSPError | None = None
