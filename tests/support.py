@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -125,3 +127,21 @@ def events(response: httpx.Response) -> list[SSE]:
 
 def body(text: str = "hello", **extra: Any) -> dict[str, Any]:
     return {"model": TINY_ID, "input": text, "temperature": 0, **extra}  # extra may override model
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_task(c: httpx.Client, task_id: str, statuses: set[str], timeout: float = 120) -> dict:
+    """Poll `GET /tasks/{id}` until the task reaches one of `statuses`; return its document."""
+    deadline = time.monotonic() + timeout
+    doc: dict = {}
+    while time.monotonic() < deadline:
+        doc = c.get(f"/tasks/{task_id}").json()
+        if doc["status"] in statuses:
+            return doc
+        time.sleep(0.05)
+    raise AssertionError(f"{task_id} never reached {statuses}: {doc}")

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from support import TINY_ID, events, iter_sse, SSE, cli_token as make_token
+from support import TINY_ID, free_port, iter_sse, SSE, cli_token as make_token
 
 
 def run_cli(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
@@ -31,12 +31,6 @@ def env(tmp_path: Path) -> dict[str, str]:
     e.update({"LMSP_TRAY_HOME": str(tmp_path / "lmsp"), "HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"),
               "HF_HOME": str(home / "hf"), "OLLAMA_MODELS": str(home / "ollama"), "PYTHONUNBUFFERED": "1"})
     return e
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_url(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:

@@ -15,7 +15,6 @@ import json
 import os
 import random
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -27,17 +26,11 @@ import httpx
 import pytest
 
 from lmsp_tray.store import Database
-from support import SLOW_ID, SSE, body, cli_token, iter_sse
+from support import SLOW_ID, SSE, body, cli_token, free_port, iter_sse, wait_task
 
 ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}
 CYCLES = int(os.environ.get("LMSP_CRASH_CYCLES", "50"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Served:
@@ -109,16 +102,6 @@ def read_all(c: httpx.Client, task_id: str, stop_after: int | None = None) -> li
     return got
 
 
-def wait_status(c: httpx.Client, task_id: str, statuses: set[str], timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        doc = c.get(f"/tasks/{task_id}").json()
-        if doc["status"] in statuses:
-            return doc
-        time.sleep(0.05)
-    raise AssertionError(f"{task_id} stayed {doc['status']}")
-
-
 def text_of(evs: list[SSE]) -> str:
     return "".join(e.data["delta"] for e in evs if e.event == "response.output_text.delta")
 
@@ -160,7 +143,7 @@ def test_sigkill_mid_task_then_restart(tmp_path: Path, models_dir: Path) -> None
         assert partial["status"] == "failed" and doc["response"] == partial
         assert partial["output"][0]["content"][0]["text"] == text_of(evs) != ""
 
-        done = wait_status(c, queued["id"], {"completed", "incomplete"})
+        done = wait_task(c, queued["id"], {"completed", "incomplete"})
         assert done["response"]["output"][0]["content"][0]["text"]
     served.terminate()
     with Database(served.database) as db:
@@ -250,7 +233,7 @@ def test_kill_restart_cycles_under_load(tmp_path: Path, models_dir: Path) -> Non
     served.wait_ready()
     with httpx.Client(base_url=served.url, timeout=60, headers=served.headers) as c:
         for task_id in acknowledged_tasks:
-            wait_status(c, task_id, {"completed", "incomplete", "failed", "cancelled"})
+            wait_task(c, task_id, {"completed", "incomplete", "failed", "cancelled"})
         for rid, doc in stored.items():
             assert c.get(f"/responses/{rid}").json() == doc
     served.terminate()

@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from support import SLOW_ID, SSE, TINY_ID, MemoryVault, body, events, iter_sse
+from support import SLOW_ID, SSE, TINY_ID, MemoryVault, body, iter_sse, wait_task
 
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}
 
@@ -19,16 +19,6 @@ def create(c: httpx.Client, **payload) -> dict:
     doc = r.json()
     assert r.headers["location"] == f"/lmsp/v1/tasks/{doc['id']}"
     return doc
-
-
-def wait_for(c: httpx.Client, task_id: str, statuses: set[str], timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        doc = c.get(f"/tasks/{task_id}").json()
-        if doc["status"] in statuses:
-            return doc
-        time.sleep(0.05)
-    raise AssertionError(f"{task_id} never reached {statuses}: {doc}")
 
 
 def read(c: httpx.Client, task_id: str, *, after: int | None = None, last_event_id: int | None = None,
@@ -239,7 +229,7 @@ def test_queued_tasks_wait_their_turn_and_can_be_cancelled(daemon_factory) -> No
         first = create(c, **body("first", model=SLOW_ID, max_output_tokens=4000))
         second = create(c, **body("second", max_output_tokens=4))
         third = create(c, **body("third", max_output_tokens=4))
-        wait_for(c, first["id"], {"in_progress"})
+        wait_task(c, first["id"], {"in_progress"})
         assert c.get(f"/tasks/{second['id']}").json()["status"] == "queued"
         r = c.post(f"/tasks/{second['id']}/cancel")
         assert r.status_code == 200 and r.json()["status"] == "cancelled"
@@ -247,13 +237,13 @@ def test_queued_tasks_wait_their_turn_and_can_be_cancelled(daemon_factory) -> No
         queued = c.get("/tasks", params={"status": "queued"}).json()["data"]
         assert [t["id"] for t in queued] == [third["id"]]
         c.post(f"/tasks/{first['id']}/cancel").raise_for_status()
-        assert wait_for(c, third["id"], {"completed", "incomplete"})["response"]["output"]
+        assert wait_task(c, third["id"], {"completed", "incomplete"})["response"]["output"]
 
 
 def test_list_tasks(client: httpx.Client) -> None:
     made = [create(client, **body(f"list {i}", max_output_tokens=2)) for i in range(3)]
     for t in made:
-        wait_for(client, t["id"], {"completed", "incomplete"})
+        wait_task(client, t["id"], {"completed", "incomplete"})
     page = client.get("/tasks").json()
     assert page["object"] == "list"
     ids = [t["id"] for t in page["data"]]
@@ -293,7 +283,7 @@ def test_a_task_that_cannot_start_fails_with_its_problem(client: httpx.Client) -
 
 def test_stored_task_response_continues_a_conversation(client: httpx.Client) -> None:
     task = create(client, **body("first turn", max_output_tokens=4, store=True))
-    done = wait_for(client, task["id"], {"completed", "incomplete"})
+    done = wait_task(client, task["id"], {"completed", "incomplete"})
     stored = client.get(f"/responses/{task['response_id']}")
     assert stored.status_code == 200 and stored.json() == done["response"]
     r = client.post("/responses", json=body("second turn", max_output_tokens=4,
@@ -302,7 +292,7 @@ def test_stored_task_response_continues_a_conversation(client: httpx.Client) -> 
     assert r.json()["usage"]["input_tokens"] > done["response"]["usage"]["input_tokens"]
     # A task can continue a conversation too.
     follow = create(client, **body("third turn", max_output_tokens=4, previous_response_id=task["response_id"]))
-    assert wait_for(client, follow["id"], {"completed", "incomplete"})["response"]["usage"]["input_tokens"] > \
+    assert wait_task(client, follow["id"], {"completed", "incomplete"})["response"]["usage"]["input_tokens"] > \
         done["response"]["usage"]["input_tokens"]
 
 
@@ -312,7 +302,7 @@ def test_shutdown_ends_running_tasks_cleanly_and_keeps_queued_ones(daemon_factor
     with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
         running = create(c, **body("long", model=SLOW_ID, max_output_tokens=4000))
         waiting = create(c, **body("later", max_output_tokens=3))
-        wait_for(c, running["id"], {"in_progress"})
+        wait_task(c, running["id"], {"in_progress"})
         read(c, running["id"], stop_after=4)
     live.stop()
     again = daemon_factory(parallel=1, vault=vault)
@@ -322,4 +312,4 @@ def test_shutdown_ends_running_tasks_cleanly_and_keeps_queued_ones(daemon_factor
         evs = read(c, running["id"])
         assert [e.id for e in evs] == list(range(1, len(evs) + 1))
         assert evs[-1].event == "response.failed" and evs[-1].data["error"]["code"] == "service_unavailable"
-        assert wait_for(c, waiting["id"], {"completed", "incomplete"})["response"]["output"]
+        assert wait_task(c, waiting["id"], {"completed", "incomplete"})["response"]["output"]

@@ -239,12 +239,18 @@ class OutputParser:
             self._flush(ops)
         return ops
 
-    def _message(self, ops: list[Op], final: bool) -> None:
+    def _skip_leading_ws(self) -> bool:
+        """Drop blanks that open a segment; False while only blanks have arrived."""
         if self._drop_ws:
             self._buf = self._buf.lstrip(_WS)
             if not self._buf:
-                return
+                return False
             self._drop_ws = False
+        return True
+
+    def _message(self, ops: list[Op], final: bool) -> None:
+        if not self._skip_leading_ws():
+            return
         buf = self._buf
         syntax = self.cfg.syntax
         if syntax and syntax.bare_json and self._bare_ok and not self._segment_text:
@@ -288,11 +294,8 @@ class OutputParser:
     def _reasoning(self, ops: list[Op], final: bool) -> None:
         assert self.cfg.think is not None
         close = self.cfg.think[1]
-        if self._drop_ws:
-            self._buf = self._buf.lstrip(_WS)
-            if not self._buf:
-                return
-            self._drop_ws = False
+        if not self._skip_leading_ws():
+            return
         buf = self._buf
         at = buf.find(close)
         if at >= 0:
