@@ -1,7 +1,7 @@
 """Throughput side by side: single stream, 1/2/4/8 concurrent streams, and a 10-turn conversation.
 
     benchmarks/build_llama_server.sh            # once (~15 min on 2 cores; cached)
-    .venv/bin/python benchmarks/throughput.py [--tokens 96] [--rounds 3] [--quick]
+    .venv/bin/python benchmarks/throughput.py [--tokens 96] [--rounds 5] [--quick]
 
 Peers, all on the Gemma 3 270M file from PyPI, the same rendered prompts,
 temperature 0 and the same thread count, runs interleaved:

@@ -1,9 +1,12 @@
-"""Suite-wide check that no secret leaks: every secret issued in this process is looked for, at the end
-of the run, in everything the service wrote — its logs (captured at DEBUG) and every file under the
-test run's temporary folders (databases with their WAL, discovery files, log files, caches).
+"""Suite-wide check that no secret leaks: at the end of the run, everything the service wrote — its
+logs (captured at DEBUG) and every file under the test run's temporary folders (databases with their
+WAL, discovery files, the log files of daemons run as subprocesses, caches) — is searched for secrets.
 
-Secrets are recorded by wrapping `generate_secret` (API tokens `lmsp_…` and pairing poll tokens
-`lmspp_…`). Model files (*.gguf) are skipped: tests write them before any secret exists.
+Two nets. Secrets issued in this process are recorded by wrapping `generate_secret` (API tokens
+`lmsp_…` and pairing poll tokens `lmspp_…`) and must all have the shape searched for. Secrets issued
+by daemons run as subprocesses are not known here, so any string of that shape in any file counts as
+a leak: no file the service writes may hold a secret (the keyring holds them, outside these folders).
+Model files (*.gguf) are skipped: tests write them before any secret exists.
 """
 
 from __future__ import annotations
@@ -51,15 +54,18 @@ def secret_audit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[set[str]]
                 logging.getLogger(name).removeHandler(handler)
                 logging.getLogger(name).setLevel(level)
             handler.close()
-    leaks = find_leaks(root, issued)
+    odd = sorted(s[:6] for s in issued if not SECRET.fullmatch(s.encode()))
+    assert not odd, f"issued secrets the audit's pattern would miss: {odd}"
+    leaks = find_leaks(root)
     assert not leaks, f"secrets found in files the service wrote: {sorted(leaks)}"
 
 
-def find_leaks(root: Path, issued: set[str], max_bytes: int = 64 * 1024 * 1024) -> set[str]:
-    """Files under `root` holding any issued secret (paths relative to root)."""
-    if not issued:
+def find_leaks(root: Path, issued: set[str] | None = None, max_bytes: int = 64 * 1024 * 1024) -> set[str]:
+    """Files under `root` holding a secret (paths relative to root): one of `issued`, or with
+    `issued=None` any string shaped like a secret."""
+    if issued is not None and not issued:
         return set()
-    wanted = {s.encode() for s in issued}
+    wanted = None if issued is None else {s.encode() for s in issued}
     leaks: set[str] = set()
     for path in root.rglob("*"):
         try:
@@ -68,6 +74,6 @@ def find_leaks(root: Path, issued: set[str], max_bytes: int = 64 * 1024 * 1024) 
             data = path.read_bytes()
         except OSError:
             continue
-        if any(m.group(0) in wanted for m in SECRET.finditer(data)):
+        if any(wanted is None or m.group(0) in wanted for m in SECRET.finditer(data)):
             leaks.add(str(path.relative_to(root)))
     return leaks

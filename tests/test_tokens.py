@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -140,10 +141,14 @@ def test_owner_token_found_created_or_session_only() -> None:
     assert third.authenticate(first.owner_secret) is None
 
 
-def test_the_secret_audit_can_find_a_leak(tmp_path: Path) -> None:
-    secret = "lmsp_" + secrets.token_urlsafe(32)  # not recorded by the audit, so this file is no leak
-    (tmp_path / "deep").mkdir()
-    (tmp_path / "deep" / "log.txt").write_text(f"noise {secret} noise")
-    (tmp_path / "other.bin").write_bytes(b"\x00" * 100)
-    assert find_leaks(tmp_path, {secret}) == {"deep/log.txt"}
-    assert find_leaks(tmp_path, {"lmspp_" + secrets.token_urlsafe(32)}) == set()
+def test_the_secret_audit_can_find_a_leak() -> None:
+    secret = "lmsp_" + secrets.token_urlsafe(32)  # written outside the run's folders: not a leak of the suite
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        (root / "deep").mkdir()
+        (root / "deep" / "log.txt").write_text(f"noise {secret} noise")
+        (root / "other.bin").write_bytes(b"\x00" * 100)
+        (root / "note.txt").write_text("lmsp_short and lmsp_" + "x" * 42)  # not secret-shaped
+        assert find_leaks(root, {secret}) == {"deep/log.txt"}
+        assert find_leaks(root, {"lmspp_" + secrets.token_urlsafe(32)}) == set()
+        assert find_leaks(root) == {"deep/log.txt"}  # unknown secrets (issued by subprocesses) are found too
