@@ -235,8 +235,12 @@ class Daemon:
         if host not in ("127.0.0.1", "::1"):
             raise OSError(f"refusing to listen on {host}: lmsp-tray binds loopback only")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # proto=IPPROTO_TCP matters: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on
+        # connections whose socket says TCP. Without it every response after the first on a
+        # kept-alive connection waits ~40 ms for the client's delayed ACK between two writes.
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             sock.bind((host, self.config.port if port is None else port))
         except OSError:
