@@ -39,6 +39,7 @@ from common import (
     physical_cores,
     print_table,
     stream_lmsp,
+    stream_lmsp_turn,
     stream_openai_completion,
     wait_http,
 )
@@ -94,19 +95,23 @@ def pct(values: list[float], q: float) -> float:
     return values[k]
 
 
-def conversation(turn: Callable[[httpx.Client, list[tuple[str, str]], str], tuple[float, str]],
-                 turns: int, offset: int = 0) -> list[float]:
-    """TTFT of each turn of a conversation whose whole history is sent again every turn."""
+Turn = Callable[[httpx.Client, list[tuple[str, str]], str], tuple[float, str, int]]
+
+
+def conversation(turn: Turn, turns: int, offset: int = 0) -> tuple[list[float], list[int]]:
+    """TTFT and newly evaluated prompt tokens of each turn of a conversation whose whole history
+    is sent again every turn."""
     history: list[tuple[str, str]] = []
-    ttfts = []
+    ttfts, fresh = [], []
     with httpx.Client(timeout=600) as c:
         for t in range(turns):
             topic = TOPICS[(t + offset) % len(TOPICS)]
             question = f"Turn {t + 1}: continue the story about {topic} with a new twist."
-            ttft, reply = turn(c, history, question)
+            ttft, reply, new_tokens = turn(c, history, question)
             ttfts.append(ttft)
+            fresh.append(new_tokens)
             history.append((question, reply))
-    return ttfts
+    return ttfts, fresh
 
 
 def median_turns(runs: list[list[float]]) -> list[float]:
@@ -190,29 +195,32 @@ def main() -> int:
         print(f"\n{args.turns}-turn conversation, whole history re-sent each turn "
               f"(TTFT ms per turn, median of {args.conversations} conversations)")
 
-        def turn_ours(c: httpx.Client, history: list[tuple[str, str]], q: str) -> tuple[float, str]:
+        def turn_ours(c: httpx.Client, history: list[tuple[str, str]], q: str) -> tuple[float, str, int]:
             prev = [m for u, a in history for m in ({"role": "user", "content": u},
                                                     {"role": "assistant", "content": a})]
-            sample, text = stream_lmsp(c, ours, q, 32, previous=prev)
-            return sample.ttft, text
+            t = stream_lmsp_turn(c, ours, q, 32, previous=prev)
+            cached = (t.usage.get("input_tokens_details") or {}).get("cached_tokens", 0)
+            return t.sample.ttft, t.text, t.usage["input_tokens"] - cached
 
-        def turn_llama_server(c: httpx.Client, history: list[tuple[str, str]], q: str) -> tuple[float, str]:
+        def turn_llama_server(c: httpx.Client, history: list[tuple[str, str]], q: str) -> tuple[float, str, int]:
             prompt = "".join(f"<start_of_turn>user\n{u}<end_of_turn>\n<start_of_turn>model\n{a}<end_of_turn>\n"
                              for u, a in history) + render(q)
-            start = time.perf_counter()
             r = c.post(f"{ls1}/completion", json={"prompt": prompt, "n_predict": 32, "temperature": 0,
                                                  "cache_prompt": True, "stream": False})
             r.raise_for_status()
             timings = r.json()["timings"]
-            return (timings["prompt_ms"] + timings["predicted_per_token_ms"]) / 1000, r.json()["content"]
+            return ((timings["prompt_ms"] + timings["predicted_per_token_ms"]) / 1000, r.json()["content"],
+                    timings["prompt_n"])
 
         ours_runs, ls_runs = [], []
         for k in range(args.conversations):  # interleaved; medians per turn
             ours_runs.append(conversation(turn_ours, args.turns, offset=k))
             ls_runs.append(conversation(turn_llama_server, args.turns, offset=k))
-        ours_turns, ls_turns = median_turns(ours_runs), median_turns(ls_runs)
-        print_table([(str(i + 1), f"{a * 1000:.0f}", f"{b * 1000:.0f}") for i, (a, b) in
-                     enumerate(zip(ours_turns, ls_turns))], ("turn", "lmsp-tray", "llama-server -np 1 (server timing)"))
+        ours_turns, ls_turns = median_turns([r[0] for r in ours_runs]), median_turns([r[0] for r in ls_runs])
+        ours_new, ls_new = median_turns([r[1] for r in ours_runs]), median_turns([r[1] for r in ls_runs])
+        print_table([(str(i + 1), f"{a * 1000:.0f}", f"{n:.0f}", f"{b * 1000:.0f}", f"{m:.0f}") for i, (a, n, b, m) in
+                     enumerate(zip(ours_turns, ours_new, ls_turns, ls_new))],
+                    ("turn", "lmsp-tray", "new prompt tok", "llama-server -np 1 (server timing)", "new prompt tok"))
 
     def med(name: str, attr: str) -> float:
         return statistics.median(getattr(s, attr) for s in single[name])
@@ -232,6 +240,9 @@ def main() -> int:
         ("  (info: llama_cpp.server given our threads)", agg("lmsp-tray", 4) / agg("llama_cpp.server same threads", 4), None),
         ("4 streams p95 TTFT / llama-server's (<= 2.0)", p95("lmsp-tray", 4) / p95("llama-server -np 4", 4), -2.0),
         ("turn 10 TTFT / turn 1 (<= 1.5)", ours_turns[-1] / ours_turns[0], -1.5),
+        ("  (info: turn 10 / turn 2, about as many new prompt tokens: the cost of the longer history)",
+         ours_turns[-1] / ours_turns[1], None),
+        ("  (info: llama-server -np 1 turn 10 / turn 1, its own timing)", ls_turns[-1] / ls_turns[0], None),
     ]
     for label, value, target in checks:
         if target is None:
