@@ -151,6 +151,18 @@ def test_structured_output_validates_sync_and_stream(client: httpx.Client, name:
     jsonschema.validate(answer_json(final), schema, format_checker=FORMAT_CHECKER)
 
 
+def test_line_separator_characters_stay_inside_their_event(client: httpx.Client) -> None:
+    """A model that writes U+0085, U+2028 or U+2029 must not cut an SSE data line for clients that
+    split lines the way `str.splitlines()` does (httpx's `iter_lines`, used by `stream` here)."""
+    value = "a\u2028b\u0085c\u2029d"
+    schema = {"type": "object", "properties": {"v": {"const": value}}, "required": ["v"]}
+    with client.stream("POST", "/responses", json={**structured(PLAIN_ID, schema, 3), "stream": True}) as r:
+        raw = r.read()
+    assert "\u2028".encode() not in raw and "\u0085".encode() not in raw  # sent as \u escapes
+    final = check_stream(stream(client, structured(PLAIN_ID, schema, 3)))
+    assert answer_json(final) == {"v": value}
+
+
 def test_text_format_spelling_and_json_object(client: httpx.Client) -> None:
     schema = SCHEMAS["enum-const"]
     body = {"model": LLAMA_ID, "input": "x", "temperature": 1.0, "max_output_tokens": 200, "extensions": seeded(1),

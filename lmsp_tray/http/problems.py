@@ -7,7 +7,6 @@ answered as a bare `internal_error` — a stack trace never reaches a client.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -16,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from lmsp_tray.errors import InternalError, LMSPError, MethodNotAllowed, NotFound
+from lmsp_tray.http import wire_json
 
 log = logging.getLogger("lmsp_tray.http")
 
@@ -24,13 +24,13 @@ PROBLEM_JSON = "application/problem+json"
 
 def problem_response(error: LMSPError) -> Response:
     headers = {"LMSP-Version": "1.0", **error.headers}
-    body = json.dumps(error.to_problem(), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    body = wire_json.dumpb(error.to_problem())
     return Response(body, status_code=error.status, media_type=PROBLEM_JSON, headers=headers)
 
 
 def problem_bytes(error: LMSPError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
     """Status, raw headers and body of a problem (for pure ASGI middleware)."""
-    body = json.dumps(error.to_problem(), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    body = wire_json.dumpb(error.to_problem())
     headers = [
         (b"content-type", PROBLEM_JSON.encode()),
         (b"content-length", str(len(body)).encode()),

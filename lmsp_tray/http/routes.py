@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from lmsp_tray.errors import InvalidJSON, InvalidRequest, PayloadTooLarge
+from lmsp_tray.http import wire_json
 from lmsp_tray.http.security import token_of
 from lmsp_tray.http.sse import EventStream, wait_disconnect
 from lmsp_tray.protocol.requests import parse_response_create
@@ -24,7 +25,7 @@ MAX_JSON_DEPTH = 64
 
 class JSON(JSONResponse):
     def render(self, content: Any) -> bytes:
-        return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        return wire_json.dumpb(content)
 
 
 def _service(request: Request) -> Service:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from typing import Any, AsyncIterator, Callable
 
 from lmsp_tray.errors import InternalError
+from lmsp_tray.http import wire_json
 from lmsp_tray.protocol.events import Event
 
 log = logging.getLogger("lmsp_tray.http")
@@ -27,7 +27,7 @@ KEEPALIVE = b": keep-alive\n\n"
 
 
 def encode_event(event: Event) -> bytes:
-    data = json.dumps(event.data, ensure_ascii=False, separators=(",", ":"))
+    data = wire_json.dumps(event.data)
     return f"id: {event.id}\nevent: {event.name}\ndata: {data}\n\n".encode("utf-8")
 
 
