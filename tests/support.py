@@ -121,6 +121,16 @@ def iter_sse(response: httpx.Response) -> Iterator[SSE | str]:
         fields[name] = value[1:] if value.startswith(" ") else value
 
 
+def stream_deltas(live: LiveDaemon, payload: dict[str, Any], timeout: float = 300) -> Iterator[SSE]:
+    """Stream `POST /responses` on its own connection and yield each text delta as it arrives;
+    leaving the loop closes the connection (the client disconnects)."""
+    with httpx.Client(base_url=live.url, timeout=timeout, headers=live.auth_headers) as c:
+        with c.stream("POST", "/responses", json=payload) as r:
+            for e in iter_sse(r):
+                if isinstance(e, SSE) and e.event == "response.output_text.delta":
+                    yield e
+
+
 def events(response: httpx.Response) -> list[SSE]:
     return [e for e in iter_sse(response) if isinstance(e, SSE)]
 

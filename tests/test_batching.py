@@ -7,7 +7,7 @@ import threading
 
 import httpx
 
-from support import SLOW_ID, SSE, TINY_ID, LiveDaemon, body, events, iter_sse
+from support import SLOW_ID, SSE, TINY_ID, LiveDaemon, body, events, iter_sse, stream_deltas
 
 PROMPTS = ["hello world", "the local model", "a test of the stream", "weather in the city"]
 
@@ -96,11 +96,8 @@ def test_short_request_is_not_starved_by_a_long_one(daemon_factory) -> None:
     order: list[str] = []
 
     def long_one() -> None:
-        with httpx.Client(base_url=live.url, timeout=300, headers=live.auth_headers) as c:
-            with c.stream("POST", "/responses", json=body(model=SLOW_ID, max_output_tokens=1500, stream=True)) as r:
-                for e in iter_sse(r):
-                    if isinstance(e, SSE) and e.event == "response.output_text.delta":
-                        first_delta.set()
+        for _ in stream_deltas(live, body(model=SLOW_ID, max_output_tokens=1500, stream=True)):
+            first_delta.set()
         order.append("long")
 
     worker = threading.Thread(target=long_one)
@@ -133,13 +130,10 @@ def test_newcomer_prompt_is_chunked_so_running_streams_keep_flowing(daemon_facto
     done = threading.Event()
 
     def stream_a() -> None:
-        with httpx.Client(base_url=live.url, timeout=300, headers=live.auth_headers) as c:
-            with c.stream("POST", "/responses", json=body(model=SLOW_ID, max_output_tokens=3000, stream=True)) as r:
-                for e in iter_sse(r):
-                    if isinstance(e, SSE) and e.event == "response.output_text.delta":
-                        started.set()
-                        if done.is_set():
-                            return
+        for _ in stream_deltas(live, body(model=SLOW_ID, max_output_tokens=3000, stream=True)):
+            started.set()
+            if done.is_set():
+                return
 
     worker = threading.Thread(target=stream_a)
     worker.start()

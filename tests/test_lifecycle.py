@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from gguf_factory import write_tiny_gguf
-from support import SLOW_ID, SSE, TINY_ID, body, iter_sse
+from support import SLOW_ID, SSE, TINY_ID, body, iter_sse, stream_deltas
 
 OTHER_ID = "other-test:2m-f32"
 
@@ -70,13 +70,10 @@ def test_generating_model_is_never_evicted(daemon_factory, other_model: Path) ->
     stop = threading.Event()
 
     def generate() -> None:
-        with httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as own:
-            with own.stream("POST", "/responses", json=body(model=SLOW_ID, max_output_tokens=4000, stream=True)) as r:
-                for e in iter_sse(r):
-                    if isinstance(e, SSE) and e.event == "response.output_text.delta":
-                        started.set()
-                        stop.wait(60)
-                        return
+        for _ in stream_deltas(live, body(model=SLOW_ID, max_output_tokens=4000, stream=True), timeout=120):
+            started.set()
+            stop.wait(60)
+            return
 
     worker = threading.Thread(target=generate)
     worker.start()

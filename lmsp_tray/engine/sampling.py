@@ -67,7 +67,7 @@ class Sampler:
                 self._n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
                 self._cells = (llama_cpp.llama_token_data * self._n_vocab)()
                 self._view = np.frombuffer(self._cells, dtype=_TOKEN_DATA)
-                self._view["id"] = np.arange(self._n_vocab, dtype=np.int32)
+                self._ids = np.arange(self._n_vocab, dtype=np.int32)
                 self._one = (llama_cpp.llama_token_data * 1)()
         except Exception:
             self.close()
@@ -124,7 +124,7 @@ class Sampler:
     def _pick(self, ctx: llama_cpp.llama_context_p, index: int, *, grammar_first: bool) -> int:
         logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, index), shape=(self._n_vocab,))
         view = self._view
-        view["id"] = np.arange(self._n_vocab, dtype=np.int32)  # earlier samplers may have reordered cells
+        view["id"] = self._ids  # earlier samplers may have reordered cells
         view["logit"] = logits
         view["p"] = 0.0
         cur = llama_cpp.llama_token_data_array(self._cells, self._n_vocab, -1, False)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Sequence
 import llama_cpp
 
 from lmsp_tray.engine.jobs import CANCELLED, CONTEXT, ERROR, LENGTH, STOP, Finish, GenerationJob
-from lmsp_tray.engine.sampling import GrammarError, Sampler
+from lmsp_tray.engine.sampling import GrammarError, Sampler, SamplingParams
 from lmsp_tray.engine.textstream import TextStream
 from lmsp_tray.errors import (
     ContextLengthExceeded,
@@ -228,19 +228,22 @@ class Scheduler:
         slot.grammar_on = False
         if job.grammar_trigger is not None:  # a lazy grammar starts switched off
             sampling = dataclasses.replace(sampling, grammar=None)
+        slot.sampler = self._new_sampler(slot, sampling)
+
+    def _new_sampler(self, slot: _Slot, sampling: SamplingParams) -> Sampler | None:
+        """A sampler for the slot's request; None (and the request ended) if its grammar won't compile."""
         try:
-            slot.sampler = Sampler(self._model.vocab, sampling)
+            return Sampler(self._model.vocab, sampling)
         except GrammarError as exc:
             self._finish(slot, ERROR, InvalidRequest(f"The output constraint could not be compiled: {exc}."))
+            return None
 
     def _switch_grammar_on(self, slot: _Slot, root: str) -> bool:
         """A lazy grammar's trigger fired: decode on under the grammar, from rule `root`."""
         job = slot.job
         assert job is not None
-        try:
-            sampler = Sampler(self._model.vocab, dataclasses.replace(job.sampling, grammar_root=root))
-        except GrammarError as exc:
-            self._finish(slot, ERROR, InvalidRequest(f"The output constraint could not be compiled: {exc}."))
+        sampler = self._new_sampler(slot, dataclasses.replace(job.sampling, grammar_root=root))
+        if sampler is None:
             return False
         if slot.sampler is not None:
             slot.sampler.close()
