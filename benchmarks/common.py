@@ -254,6 +254,27 @@ def in_process_sample(llm, prompt: str, max_tokens: int) -> Sample:
     return Sample(first - start, (tokens - 1) / max(last - first, 1e-9), tokens)
 
 
+def in_process_turn(llm, prompt: str, max_tokens: int) -> tuple[float, str, int]:
+    """One turn in-process: time to first text, the text, and how many prompt tokens llama-cpp-python
+    evaluated (it reuses the longest prefix of its previous prompt and output)."""
+    tokens = llm.tokenize(prompt.encode("utf-8"), special=True)
+    cached = 0
+    for a, b in zip(llm._input_ids[: llm.n_tokens], tokens):
+        if a != b:
+            break
+        cached += 1
+    start = time.perf_counter()
+    first = None
+    text = []
+    for chunk in llm.create_completion(prompt, max_tokens=max_tokens, temperature=0.0, stream=True):
+        piece = chunk["choices"][0]["text"]
+        if piece:
+            first = first or time.perf_counter()
+            text.append(piece)
+    assert first is not None
+    return first - start, "".join(text), len(tokens) - min(cached, len(tokens) - 1)
+
+
 def print_table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> None:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, tuple("-" * w for w in widths), *rows]:

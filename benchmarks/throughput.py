@@ -34,6 +34,7 @@ from common import (
     free_port,
     gemma_path,
     in_process_sample,
+    in_process_turn,
     llama_cpp_server,
     lmsp_service,
     physical_cores,
@@ -202,25 +203,35 @@ def main() -> int:
             cached = (t.usage.get("input_tokens_details") or {}).get("cached_tokens", 0)
             return t.sample.ttft, t.text, t.usage["input_tokens"] - cached
 
+        def history_prompt(history: list[tuple[str, str]], q: str) -> str:
+            return "".join(f"<start_of_turn>user\n{u}<end_of_turn>\n<start_of_turn>model\n{a}<end_of_turn>\n"
+                           for u, a in history) + render(q)
+
         def turn_llama_server(c: httpx.Client, history: list[tuple[str, str]], q: str) -> tuple[float, str, int]:
-            prompt = "".join(f"<start_of_turn>user\n{u}<end_of_turn>\n<start_of_turn>model\n{a}<end_of_turn>\n"
-                             for u, a in history) + render(q)
-            r = c.post(f"{ls1}/completion", json={"prompt": prompt, "n_predict": 32, "temperature": 0,
-                                                 "cache_prompt": True, "stream": False})
+            r = c.post(f"{ls1}/completion", json={"prompt": history_prompt(history, q), "n_predict": 32,
+                                                 "temperature": 0, "cache_prompt": True, "stream": False})
             r.raise_for_status()
             timings = r.json()["timings"]
             return ((timings["prompt_ms"] + timings["predicted_per_token_ms"]) / 1000, r.json()["content"],
                     timings["prompt_n"])
 
-        ours_runs, ls_runs = [], []
+        def turn_inproc(c: httpx.Client, history: list[tuple[str, str]], q: str) -> tuple[float, str, int]:
+            # llama-cpp-python keeps its last prompt's KV and evaluates only what differs: the engine's own
+            # cost for the same new tokens at the same context length, with no server around it.
+            return in_process_turn(llm, history_prompt(history, q), 32)
+
+        runs: dict[str, list[tuple[list[float], list[int]]]] = {"ours": [], "inproc": [], "ls": []}
         for k in range(args.conversations):  # interleaved; medians per turn
-            ours_runs.append(conversation(turn_ours, args.turns, offset=k))
-            ls_runs.append(conversation(turn_llama_server, args.turns, offset=k))
-        ours_turns, ls_turns = median_turns([r[0] for r in ours_runs]), median_turns([r[0] for r in ls_runs])
-        ours_new, ls_new = median_turns([r[1] for r in ours_runs]), median_turns([r[1] for r in ls_runs])
-        print_table([(str(i + 1), f"{a * 1000:.0f}", f"{n:.0f}", f"{b * 1000:.0f}", f"{m:.0f}") for i, (a, n, b, m) in
-                     enumerate(zip(ours_turns, ours_new, ls_turns, ls_new))],
-                    ("turn", "lmsp-tray", "new prompt tok", "llama-server -np 1 (server timing)", "new prompt tok"))
+            runs["ours"].append(conversation(turn_ours, args.turns, offset=k))
+            runs["inproc"].append(conversation(turn_inproc, args.turns, offset=k))
+            runs["ls"].append(conversation(turn_llama_server, args.turns, offset=k))
+        turns = {name: median_turns([r[0] for r in rs]) for name, rs in runs.items()}
+        fresh = {name: median_turns([r[1] for r in rs]) for name, rs in runs.items()}
+        print_table([(str(i + 1), *(f"{turns[name][i] * 1000:.0f} ({fresh[name][i]:.0f})" for name in runs))
+                     for i in range(args.turns)],
+                    ("turn", "lmsp-tray", "llama-cpp-python in-process", "llama-server -np 1 (server timing)"))
+        print("  (new prompt tokens evaluated in brackets)")
+        ours_turns, inproc_turns, ls_turns = turns["ours"], turns["inproc"], turns["ls"]
 
     def med(name: str, attr: str) -> float:
         return statistics.median(getattr(s, attr) for s in single[name])
@@ -242,6 +253,9 @@ def main() -> int:
         ("turn 10 TTFT / turn 1 (<= 1.5)", ours_turns[-1] / ours_turns[0], -1.5),
         ("  (info: turn 10 / turn 2, about as many new prompt tokens: the cost of the longer history)",
          ours_turns[-1] / ours_turns[1], None),
+        ("  (info: llama-cpp-python in-process turn 10 / turn 1: the engine alone, same new tokens)",
+         inproc_turns[-1] / inproc_turns[0], None),
+        ("  (info: turn 10 TTFT vs llama-cpp-python in-process turn 10)", ours_turns[-1] / inproc_turns[-1], None),
         ("  (info: llama-server -np 1 turn 10 / turn 1, its own timing)", ls_turns[-1] / ls_turns[0], None),
     ]
     for label, value, target in checks:
