@@ -58,11 +58,12 @@ def render(msg: str) -> str:
 
 
 @contextlib.contextmanager
-def llama_server(binary: Path, model: Path, *, parallel: int, threads: int, ctx_per_slot: int = 8192) -> Iterator[str]:
+def llama_server(binary: Path, model: Path, *, parallel: int, threads: int, ctx_per_slot: int = 8192,
+                 extra: tuple[str, ...] | list[str] = ()) -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen(
         [str(binary), "-m", str(model), "--port", str(port), "--host", "127.0.0.1", "-np", str(parallel),
-         "-c", str(ctx_per_slot * parallel), "-t", str(threads), "-tb", str(threads), "--no-webui"],
+         "-c", str(ctx_per_slot * parallel), "-t", str(threads), "-tb", str(threads), "--no-webui", *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:

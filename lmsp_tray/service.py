@@ -293,7 +293,7 @@ class Service:
         if not request.items:
             raise InvalidRequest("'input' must contain at least one item.", param="input")
         plan = build_plan(model, request, spec)  # prompt for the model's family, grammar, parser
-        tokens = model.tokenize(plan.prompt)
+        tokens = model.tokenize_prompt(plan.prompt)
         window = model.context_length
         if not tokens:
             raise InvalidRequest("The input renders to an empty prompt.", param="input")

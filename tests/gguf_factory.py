@@ -14,6 +14,7 @@ exactly `max_output_tokens` tokens, or stop on a stop string.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -44,8 +45,8 @@ WORD_PIECES = [
 ]
 
 
-def vocabulary() -> tuple[list[str], list[float], list[int]]:
-    """Token strings, scores and token types (1 normal, 2 unknown, 3 control, 6 byte)."""
+def vocabulary(user_defined: Sequence[str] = ()) -> tuple[list[str], list[float], list[int]]:
+    """Token strings, scores and token types (1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte)."""
     tokens: list[str] = []
     types: list[int] = []
     for tok in CONTROL_TOKENS:
@@ -57,6 +58,9 @@ def vocabulary() -> tuple[list[str], list[float], list[int]]:
     for tok in MARKER_TOKENS + WORD_PIECES:
         tokens.append(tok)
         types.append(1)
+    for tok in user_defined:
+        tokens.append(tok)
+        types.append(4)
     assert len(set(tokens)) == len(tokens), "llama.cpp aborts on duplicate token strings"
     scores = [0.0 if t != 1 else -float(i) / 100 for i, t in enumerate(types)]
     return tokens, scores, types
@@ -81,6 +85,7 @@ def write_tiny_gguf(
     split_max_tensors: int = 0,
     logit_bias: dict[str, float] | None = None,
     output_scale: float = 2.0,
+    user_defined: Sequence[str] = (),
 ) -> Path:
     """Write a tiny llama-architecture GGUF and return its path.
 
@@ -92,13 +97,14 @@ def write_tiny_gguf(
     offset (through an embedding dimension no layer writes to), so a test model can be made to
     close strings or thinking blocks often instead of wandering until the context is full.
     A smaller `output_scale` flattens the next-token distribution (more variety across seeds).
+    `user_defined` adds tokens llama.cpp splits out of text before tokenizing (like HTML tags in Gemma).
     """
     import gguf
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    tokens, scores, types = vocabulary()
+    tokens, scores, types = vocabulary(user_defined)
     n_vocab = len(tokens)
     head_dim = embedding // heads
     kv_dim = head_dim * heads_kv

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -22,12 +23,18 @@ import llama_cpp
 from lmsp_tray.discovery.entry import ModelEntry
 from lmsp_tray.engine.jobs import GenerationJob
 from lmsp_tray.engine.plan import LoadOptions, LoadPlan, plan_load
+from lmsp_tray.engine.prompt_tokens import PromptTokenizer, SpecialToken, turn_markers
 from lmsp_tray.engine.runtime import Runtime, physical_cores
 from lmsp_tray.engine.scheduler import Scheduler
 from lmsp_tray.engine.templates import BUILTIN_TEMPLATES, ChatTemplate, builtin_template_name
 from lmsp_tray.errors import ModelLoadFailed
 
 log = logging.getLogger("lmsp_tray.engine")
+
+# Prompts shorter than this are tokenized whole (a few ms at most); a longer one first builds the
+# model's piece tokenizer (one pass over the vocabulary's token attributes).
+PIECEWISE_FROM_CHARS = 4096
+_SPLIT_ATTRS = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
 
 @dataclass(frozen=True)
 class Placement:
@@ -117,6 +124,8 @@ class LlamaModel:
 
         self._pieces: list[bytes | None] = [None] * self.n_vocab
         self._texts: dict[str, int] | None = None  # marker-like token texts, built on first use
+        self._prompt_tokenizer: PromptTokenizer | None = None  # built for the first long prompt
+        self._prompt_tokenizer_lock = threading.Lock()
         self._piece_buf = ctypes.create_string_buffer(256)
         self.bos_text = self._token_text(llama_cpp.llama_vocab_bos(self.vocab))
         self.eos_text = self._token_text(llama_cpp.llama_vocab_eos(self.vocab))
@@ -200,6 +209,57 @@ class LlamaModel:
             buf = (llama_cpp.llama_token * size)()
             n = llama_cpp.llama_tokenize(self.vocab, raw, len(raw), buf, size, add_special, parse_special)
         return list(buf[:n])
+
+    def tokenize_prompt(self, text: str) -> list[int]:
+        """A rendered prompt's tokens, start tokens included: what `tokenize(text)` gives, but a long
+        prompt's pieces already seen (the earlier turns of a conversation) are not tokenized again."""
+        tokenizer = self._prompt_tokenizer
+        if tokenizer is None:
+            if len(text) < PIECEWISE_FROM_CHARS:
+                return self.tokenize(text)
+            tokenizer = self.prompt_tokenizer()
+        return tokenizer.tokens(text) if tokenizer.markers else self.tokenize(text)
+
+    def prompt_tokenizer(self) -> PromptTokenizer:
+        """The model's piece tokenizer, built on first use."""
+        with self._prompt_tokenizer_lock:
+            if self._prompt_tokenizer is not None:
+                return self._prompt_tokenizer
+
+            def piece(text: str) -> list[int]:
+                return self.tokenize(text, add_special=False)
+
+            start = self.tokenize("", add_special=True)
+            probe = "Hello world.\n Hello"
+            composable = self.tokenize(probe) == start + piece(probe)  # no end-of-text token appended
+            markers = turn_markers(self._split_tokens(), self.template.source) if composable else []
+            cache = max(1 << 16, 4 * self.context_length * self.parallel)
+            tokenizer = PromptTokenizer(piece, markers, start=start, max_cached_tokens=cache)
+            sample = self._sample_prompt()
+            if markers and sample and tokenizer.tokens(sample) != self.tokenize(sample):
+                log.warning("%s: prompts cut before %s tokenize differently; tokenizing them whole", self.id, markers)
+                tokenizer = PromptTokenizer(piece, [], start=start)
+            log.info("%s: long prompts are tokenized in pieces cut before %s", self.id, markers or "nothing")
+            self._prompt_tokenizer = tokenizer
+            return tokenizer
+
+    def _split_tokens(self) -> list[SpecialToken]:
+        """The tokens llama.cpp splits out of text before tokenizing it."""
+        get_attr = llama_cpp.llama_vocab_get_attr
+        vocab = self.vocab
+        return [
+            SpecialToken(self._token_text(token), control=bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL),
+                         lstrip=bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP))
+            for token in range(self.n_vocab)
+            if (attr := get_attr(vocab, token)) & _SPLIT_ATTRS
+        ]
+
+    def _sample_prompt(self) -> str:
+        turns = [("user", " Hi,\n\n  there "), ("assistant", "Hello!\n"), ("user", "\tAnd  then?")]
+        try:
+            return self.template.render([{"role": r, "content": c} for r, c in turns])
+        except Exception:  # a template with rules of its own: no sample to check against
+            return ""
 
     def piece(self, token: int, special: bool = False) -> bytes:
         """The bytes of one token (control tokens render as nothing unless `special`)."""
