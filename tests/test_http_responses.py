@@ -45,6 +45,20 @@ def test_stop_sequence_completes(client: httpx.Client) -> None:
     assert doc["output"][0]["content"][0]["text"] == text[: text.index(stop)]
 
 
+def test_repeat_penalty_is_applied_and_the_model_keeps_serving(client: httpx.Client) -> None:
+    def text(**options: object) -> str:
+        r = client.post("/responses", json=body(max_output_tokens=40, extensions={"lmsp_tray": options}))
+        assert r.status_code == 200, r.text
+        assert r.json()["status"] == "incomplete"
+        return r.json()["output"][0]["content"][0]["text"]
+
+    plain = text()
+    penalised = text(repeat_penalty=1.8)
+    assert penalised != plain  # the penalty changed what greedy decoding picks
+    assert text(repeat_penalty=1.8, temperature=0.7, seed=3)
+    assert text() == plain  # and the model's thread is still there, unchanged
+
+
 def test_stream_event_order_and_ids(client: httpx.Client) -> None:
     with client.stream("POST", "/responses", json=body(max_output_tokens=8, stream=True)) as r:
         assert r.status_code == 200

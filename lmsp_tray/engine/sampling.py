@@ -10,6 +10,12 @@ tools do, the token is sampled freely first and only checked against the
 grammar; only when the grammar rejects it is the grammar applied to the whole
 distribution and the token sampled again. The result is the same token the
 grammar-first chain would accept, at a fraction of the cost.
+
+Plain greedy decoding (temperature 0, no penalties, no grammar) skips the chain
+altogether: llama.cpp's sampler copies the whole vocabulary into a candidate
+array for every token (0.6 ms on Gemma's, about 3% of a decode step on two
+cores), where an argmax over the logits takes 0.04 ms and picks the same token
+(the first of equal maxima, as llama.cpp's greedy sampler does).
 """
 
 from __future__ import annotations
@@ -61,10 +67,11 @@ class Sampler:
         chain_params.no_perf = True
         self._chain = llama_cpp.llama_sampler_chain_init(chain_params)
         self._grammar: llama_cpp.llama_sampler_p | None = None
+        self._argmax = params.greedy and params.repeat_penalty == 1.0 and not params.grammar
+        self._n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
         try:
             self._build(vocab, params)
             if self._grammar is not None:
-                self._n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
                 self._cells = (llama_cpp.llama_token_data * self._n_vocab)()
                 self._view = np.frombuffer(self._cells, dtype=_TOKEN_DATA)
                 self._ids = np.arange(self._n_vocab, dtype=np.int32)
@@ -92,7 +99,7 @@ class Sampler:
                 self._grammar = None
                 raise GrammarError("llama.cpp rejected the grammar")
         if p.repeat_penalty != 1.0:
-            self._add(llama_cpp.llama_sampler_init_penalties(p.repeat_last_n, p.repeat_penalty, 0.0, 0.0))
+            self._add(llama_cpp.llama_sampler_init_penalties(self._n_vocab, p.repeat_last_n, p.repeat_penalty, 0.0, 0.0))
         if p.greedy:
             self._add(llama_cpp.llama_sampler_init_greedy())
             return
@@ -108,6 +115,8 @@ class Sampler:
 
     def sample(self, ctx: llama_cpp.llama_context_p, index: int) -> int:
         """Sample from output `index` of the last decode and accept the token."""
+        if self._argmax:
+            return int(self._logits(ctx, index).argmax())
         if self._grammar is None:
             return llama_cpp.llama_sampler_sample(self._chain, ctx, index)
         token = self._pick(ctx, index, grammar_first=False)
@@ -121,8 +130,11 @@ class Sampler:
         llama_cpp.llama_sampler_accept(self._chain, token)
         return token
 
+    def _logits(self, ctx: llama_cpp.llama_context_p, index: int) -> np.ndarray:
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, index), shape=(self._n_vocab,))
+
     def _pick(self, ctx: llama_cpp.llama_context_p, index: int, *, grammar_first: bool) -> int:
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, index), shape=(self._n_vocab,))
+        logits = self._logits(ctx, index)
         view = self._view
         view["id"] = self._ids  # earlier samplers may have reordered cells
         view["logit"] = logits

@@ -236,7 +236,10 @@ class Scheduler:
             return Sampler(self._model.vocab, sampling)
         except GrammarError as exc:
             self._finish(slot, ERROR, InvalidRequest(f"The output constraint could not be compiled: {exc}."))
-            return None
+        except Exception:  # a sampler llama.cpp cannot build fails this request, not the model's thread
+            log.exception("could not build a sampler for %s", self._model.id)
+            self._finish(slot, ERROR, InternalError("The sampler for this request could not be set up."))
+        return None
 
     def _switch_grammar_on(self, slot: _Slot, root: str) -> bool:
         """A lazy grammar's trigger fired: decode on under the grammar, from rule `root`."""
