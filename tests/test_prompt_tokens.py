@@ -158,3 +158,30 @@ def test_gemma_pieces_equal_whole_prompts_and_a_continued_conversation_hits_the_
     second = _render(gemma, turns)
     assert gemma.tokenize_prompt(second) == gemma.tokenize(second)
     assert tok.misses - misses <= 3  # the new answer, the new question, at most one more
+
+
+def test_the_first_long_prompt_builds_the_piece_tokenizer_off_the_callers_thread(
+        tmp_path: Path) -> None:
+    from gguf_factory import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "fresh.gguf")
+    model = _load(path, read_gguf_info(path))
+    try:
+        short = model.render([{"role": "user", "content": "hello world"}])
+        assert model.tokenize_prompt(short) == model.tokenize(short)
+        assert model._prompt_tokenizer_thread is None  # short prompts never need it
+        turns = [(f"the local model {i} " * 12, "hello world " * 12) for i in range(12)]
+        long = _render(model, turns)
+        assert len(long) >= PIECEWISE_FROM_CHARS
+        assert model.tokenize_prompt(long) == model.tokenize(long)  # whole, while it is being built
+        thread = model._prompt_tokenizer_thread
+        assert thread is not None
+        thread.join(60)
+        tok = model._prompt_tokenizer
+        assert tok is not None and tok.markers
+        assert model.tokenize_prompt(long) == model.tokenize(long)
+        misses = tok.misses
+        assert model.tokenize_prompt(long) == model.tokenize(long)
+        assert tok.misses == misses and tok.hits > 0  # the same prompt again: all pieces cached
+    finally:
+        model.close()

@@ -64,6 +64,9 @@ class LlamaModel:
         self._model = None
         self._ctx = None
         self.scheduler: Scheduler | None = None
+        self._prompt_tokenizer: PromptTokenizer | None = None  # built for the first long prompt
+        self._prompt_tokenizer_lock = threading.Lock()
+        self._prompt_tokenizer_thread: threading.Thread | None = None
         started = time.monotonic()
         mark = runtime.mark()
         self.plan = plan or plan_load(entry, options, gpu_free_bytes=gpu_free(runtime), cores=physical_cores())
@@ -124,8 +127,6 @@ class LlamaModel:
 
         self._pieces: list[bytes | None] = [None] * self.n_vocab
         self._texts: dict[str, int] | None = None  # marker-like token texts, built on first use
-        self._prompt_tokenizer: PromptTokenizer | None = None  # built for the first long prompt
-        self._prompt_tokenizer_lock = threading.Lock()
         self._piece_buf = ctypes.create_string_buffer(256)
         self.bos_text = self._token_text(llama_cpp.llama_vocab_bos(self.vocab))
         self.eos_text = self._token_text(llama_cpp.llama_vocab_eos(self.vocab))
@@ -214,10 +215,14 @@ class LlamaModel:
         """A rendered prompt's tokens, start tokens included: what `tokenize(text)` gives, but a long
         prompt's pieces already seen (the earlier turns of a conversation) are not tokenized again."""
         tokenizer = self._prompt_tokenizer
-        if tokenizer is None:
-            if len(text) < PIECEWISE_FROM_CHARS:
-                return self.tokenize(text)
-            tokenizer = self.prompt_tokenizer()
+        if tokenizer is None:  # the first long prompt has it built off this thread, for the next ones
+            if len(text) >= PIECEWISE_FROM_CHARS:
+                with self._prompt_tokenizer_lock:
+                    if self._prompt_tokenizer_thread is None:
+                        self._prompt_tokenizer_thread = threading.Thread(
+                            target=self.prompt_tokenizer, name=f"lmsp-tokenizer-{self.id}", daemon=True)
+                        self._prompt_tokenizer_thread.start()
+            return self.tokenize(text)
         return tokenizer.tokens(text) if tokenizer.markers else self.tokenize(text)
 
     def prompt_tokenizer(self) -> PromptTokenizer:
@@ -230,16 +235,21 @@ class LlamaModel:
                 return self.tokenize(text, add_special=False)
 
             start = self.tokenize("", add_special=True)
-            probe = "Hello world.\n Hello"
-            composable = self.tokenize(probe) == start + piece(probe)  # no end-of-text token appended
-            markers = turn_markers(self._split_tokens(), self.template.source) if composable else []
-            cache = max(1 << 16, 4 * self.context_length * self.parallel)
-            tokenizer = PromptTokenizer(piece, markers, start=start, max_cached_tokens=cache)
-            sample = self._sample_prompt()
-            if markers and sample and tokenizer.tokens(sample) != self.tokenize(sample):
-                log.warning("%s: prompts cut before %s tokenize differently; tokenizing them whole", self.id, markers)
-                tokenizer = PromptTokenizer(piece, [], start=start)
-            log.info("%s: long prompts are tokenized in pieces cut before %s", self.id, markers or "nothing")
+            tokenizer = PromptTokenizer(piece, [], start=start)
+            try:
+                probe = "Hello world.\n Hello"
+                composable = self.tokenize(probe) == start + piece(probe)  # no end-of-text token appended
+                markers = turn_markers(self._split_tokens(), self.template.source) if composable else []
+                cache = max(1 << 16, 4 * self.context_length * self.parallel)
+                pieced = PromptTokenizer(piece, markers, start=start, max_cached_tokens=cache)
+                sample = self._sample_prompt()
+                if markers and sample and pieced.tokens(sample) != self.tokenize(sample):
+                    log.warning("%s: prompts cut before %s tokenize differently; tokenizing whole", self.id, markers)
+                elif markers:
+                    tokenizer = pieced
+                    log.info("%s: long prompts are tokenized in pieces cut before %s", self.id, markers)
+            except Exception:  # never worse than whole-prompt tokenization
+                log.exception("%s: could not set up piecewise tokenization", self.id)
             self._prompt_tokenizer = tokenizer
             return tokenizer
 
@@ -290,6 +300,8 @@ class LlamaModel:
 
     def close(self, *, drain: bool = False) -> None:
         """Stop the scheduler (letting running work finish with `drain`) and free memory."""
+        if self._prompt_tokenizer_thread is not None:
+            self._prompt_tokenizer_thread.join()  # it reads the vocabulary freed below
         if self.scheduler is not None:
             self.scheduler.stop(drain=drain)
             self.scheduler.close()
