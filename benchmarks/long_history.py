@@ -37,9 +37,8 @@ from common import (
     lmsp_service,
     physical_cores,
     print_table,
-    stream_lmsp_turn,
 )
-from throughput import llama_server, render
+from throughput import history_prompt, llama_server, lmsp_history_turn
 
 USER = ("Here is part {i} of my notes on the old lighthouse: the keeper logs the weather at dawn, trims the wick, "
         "polishes the lens, writes letters to the mainland and watches the ships pass the reef at dusk.")
@@ -50,11 +49,6 @@ ASSISTANT = ("Part {i} noted. The keeper's routine is steady: weather at dawn, t
 
 def history(turns: int) -> list[tuple[str, str]]:
     return [(USER.format(i=i + 1), ASSISTANT.format(i=i + 1)) for i in range(turns)]
-
-
-def gemma_prompt(pairs: list[tuple[str, str]], question: str) -> str:
-    return "".join(f"<start_of_turn>user\n{u}<end_of_turn>\n<start_of_turn>model\n{a}<end_of_turn>\n"
-                   for u, a in pairs) + render(question)
 
 
 def stream_llama_server(client: httpx.Client, url: str, prompt: str, tokens: int) -> tuple[float, str]:
@@ -98,17 +92,13 @@ def main() -> int:
         client = stack.enter_context(httpx.Client(timeout=900))
 
         def turn_ours(pairs: list[tuple[str, str]], q: str) -> tuple[float, str, int]:
-            prev = [m for u, a in pairs for m in ({"role": "user", "content": u},
-                                                  {"role": "assistant", "content": a})]
-            t = stream_lmsp_turn(client, ours, q, 32, previous=prev)
-            cached = (t.usage.get("input_tokens_details") or {}).get("cached_tokens", 0)
-            return t.sample.ttft, t.text, t.usage["input_tokens"] - cached
+            return lmsp_history_turn(client, ours, pairs, q)
 
         def turn_inproc(pairs: list[tuple[str, str]], q: str) -> tuple[float, str, int]:
-            return in_process_turn(llm, gemma_prompt(pairs, q), 32)
+            return in_process_turn(llm, history_prompt(pairs, q), 32)
 
         def turn_ls(pairs: list[tuple[str, str]], q: str) -> tuple[float, str, int]:
-            seconds, text = stream_llama_server(client, ls, gemma_prompt(pairs, q), 32)
+            seconds, text = stream_llama_server(client, ls, history_prompt(pairs, q), 32)
             return seconds, text, -1
 
         peers = {"lmsp-tray": turn_ours, "inproc": turn_inproc, "llama-server -np 1": turn_ls}
@@ -123,7 +113,7 @@ def main() -> int:
                 fresh[name].append(new)
                 convo[name].append((q, text))
 
-    prompt = gemma_prompt(convo["inproc"][:-1], questions[-1])
+    prompt = history_prompt(convo["inproc"][:-1], questions[-1])
     n_tokens = len(llm.tokenize(prompt.encode(), special=True))
     spent = []
     for _ in range(5):

@@ -57,6 +57,21 @@ def render(msg: str) -> str:
     return f"<start_of_turn>user\n{msg}<end_of_turn>\n<start_of_turn>model\n"
 
 
+def history_prompt(history: list[tuple[str, str]], q: str) -> str:
+    """A conversation's earlier (user, reply) turns and a new question, rendered as Gemma's template does."""
+    return "".join(f"<start_of_turn>user\n{u}<end_of_turn>\n<start_of_turn>model\n{a}<end_of_turn>\n"
+                   for u, a in history) + render(q)
+
+
+def lmsp_history_turn(c: httpx.Client, url: str, history: list[tuple[str, str]], q: str,
+                      tokens: int = 32) -> tuple[float, str, int]:
+    """One turn through lmsp-tray with the whole history in `input`: TTFT, reply, newly evaluated tokens."""
+    prev = [m for u, a in history for m in ({"role": "user", "content": u}, {"role": "assistant", "content": a})]
+    t = stream_lmsp_turn(c, url, q, tokens, previous=prev)
+    cached = (t.usage.get("input_tokens_details") or {}).get("cached_tokens", 0)
+    return t.sample.ttft, t.text, t.usage["input_tokens"] - cached
+
+
 @contextlib.contextmanager
 def llama_server(binary: Path, model: Path, *, parallel: int, threads: int, ctx_per_slot: int = 8192,
                  extra: tuple[str, ...] | list[str] = ()) -> Iterator[str]:
@@ -198,15 +213,7 @@ def main() -> int:
               f"(TTFT ms per turn, median of {args.conversations} conversations)")
 
         def turn_ours(c: httpx.Client, history: list[tuple[str, str]], q: str) -> tuple[float, str, int]:
-            prev = [m for u, a in history for m in ({"role": "user", "content": u},
-                                                    {"role": "assistant", "content": a})]
-            t = stream_lmsp_turn(c, ours, q, 32, previous=prev)
-            cached = (t.usage.get("input_tokens_details") or {}).get("cached_tokens", 0)
-            return t.sample.ttft, t.text, t.usage["input_tokens"] - cached
-
-        def history_prompt(history: list[tuple[str, str]], q: str) -> str:
-            return "".join(f"<start_of_turn>user\n{u}<end_of_turn>\n<start_of_turn>model\n{a}<end_of_turn>\n"
-                           for u, a in history) + render(q)
+            return lmsp_history_turn(c, ours, history, q)
 
         def turn_llama_server(c: httpx.Client, history: list[tuple[str, str]], q: str) -> tuple[float, str, int]:
             r = c.post(f"{ls1}/completion", json={"prompt": history_prompt(history, q), "n_predict": 32,
