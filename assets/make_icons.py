@@ -1,6 +1,6 @@
 """Write the tray and app icons into this folder: `python assets/make_icons.py`.
 
-The drawings live in `lmsp_tray/icons.py` (the tray can draw them itself
+The drawings live in `lmsp_tray/desktop/icons.py` (the tray can draw them itself
 when `assets/` is not installed); this script renders them per size:
 
 - `lmsp-tray-<state>-<size>.png` for the 4 states at 16, 22, 24, 32, 48, 64 px
@@ -20,10 +20,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from PIL import Image  # noqa: E402
+from PIL import Image
 
-from lmsp_tray.icons import APP_SIZES, TRAY_SIZES, draw_icon, icon_filename  # noqa: E402
-from lmsp_tray.menu import ACTIVITIES, IDLE  # noqa: E402
+from lmsp_tray.desktop.icons import APP_SIZES, TRAY_SIZES, draw_icon, icon_filename
+from lmsp_tray.desktop.menu import ACTIVITIES, IDLE
 
 
 def preview(icons: dict[tuple[str, int], Image.Image]) -> Image.Image:
@@ -52,8 +52,9 @@ def main() -> int:
     app[256].save(HERE / "lmsp-tray.png", optimize=True)
     # Pillow picks each size from the largest image given; hand it the exact renders.
     ico_sizes = [s for s in APP_SIZES if s <= 256]
-    app[256].save(HERE / "lmsp-tray.ico", sizes=[(s, s) for s in ico_sizes],
-                  append_images=[app[s] for s in ico_sizes if s != 256])
+    app[256].save(
+        HERE / "lmsp-tray.ico", sizes=[(s, s) for s in ico_sizes], append_images=[app[s] for s in ico_sizes if s != 256]
+    )
     try:
         app[1024].save(HERE / "lmsp-tray.icns", append_images=[app[s] for s in (16, 32, 64, 128, 256, 512)])
     except (OSError, ValueError, KeyError) as exc:  # older Pillow builds cannot write ICNS

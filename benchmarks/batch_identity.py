@@ -17,12 +17,34 @@ import concurrent.futures as cf
 import sys
 
 import httpx
-
 from common import gemma_path, lmsp_service, physical_cores, stream_lmsp
 
-SUBJECTS = ["the moon", "bread", "a violin", "rain", "a bicycle", "the ocean", "a library", "winter", "coffee",
-            "a volcano", "bees", "a lighthouse", "chess", "a desert", "a robot", "tea", "a river", "glass",
-            "a clock", "mountains", "a garden", "the wind", "paper", "a bridge"]
+SUBJECTS = [
+    "the moon",
+    "bread",
+    "a violin",
+    "rain",
+    "a bicycle",
+    "the ocean",
+    "a library",
+    "winter",
+    "coffee",
+    "a volcano",
+    "bees",
+    "a lighthouse",
+    "chess",
+    "a desert",
+    "a robot",
+    "tea",
+    "a river",
+    "glass",
+    "a clock",
+    "mountains",
+    "a garden",
+    "the wind",
+    "paper",
+    "a bridge",
+]
 
 
 def prompts(n: int) -> list[str]:
@@ -39,8 +61,7 @@ def main() -> int:
     texts = prompts(args.prompts)
 
     def run_alone() -> list[str]:
-        with lmsp_service(model, threads=args.threads) as (url, _), \
-                httpx.Client(timeout=600, headers=url.headers) as c:
+        with lmsp_service(model, threads=args.threads) as (url, _), httpx.Client(timeout=600, headers=url.headers) as c:
             return [stream_lmsp(c, url, t, args.tokens)[1] for t in texts]
 
     alone = run_alone()
@@ -54,13 +75,15 @@ def main() -> int:
         batched: list[str] = []
         with cf.ThreadPoolExecutor(4) as pool:
             for start in range(0, len(texts), 4):
-                batched += list(pool.map(one, texts[start:start + 4]))
+                batched += list(pool.map(one, texts[start : start + 4]))
 
     repeat = sum(a == b for a, b in zip(alone, control))
     print(f"control: {repeat} of {len(texts)} prompts gave identical text alone twice")
     same = sum(a == b for a, b in zip(alone, batched))
-    print(f"{same} of {len(texts)} prompts gave identical text alone and batched by 4 "
-          f"({args.tokens} tokens, temperature 0)")
+    print(
+        f"{same} of {len(texts)} prompts gave identical text alone and batched by 4 "
+        f"({args.tokens} tokens, temperature 0)"
+    )
     for i, (a, b) in enumerate(zip(alone, batched)):
         if a != b:
             at = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

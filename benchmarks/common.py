@@ -17,9 +17,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Self
 
 import httpx
 
@@ -96,7 +97,7 @@ class ServiceURL(str):
 
     headers: dict[str, str]
 
-    def __new__(cls, url: str, headers: dict[str, str]) -> "ServiceURL":
+    def __new__(cls, url: str, headers: dict[str, str]) -> Self:
         obj = super().__new__(cls, url)
         obj.headers = dict(headers)
         return obj
@@ -106,8 +107,9 @@ BENCH_SCOPES = ("models:read", "models:manage", "responses:create", "responses:r
 
 
 @contextlib.contextmanager
-def lmsp_service(model: Path, *, threads: int, extra_env: dict[str, str] | None = None,
-                 config: str = "") -> Iterator[tuple[ServiceURL, subprocess.Popen]]:
+def lmsp_service(
+    model: Path, *, threads: int, extra_env: dict[str, str] | None = None, config: str = ""
+) -> Iterator[tuple[ServiceURL, subprocess.Popen]]:
     """This project's service (`lmsp-tray serve`) as a subprocess, on the given model only.
 
     A token is made with `lmsp-tray tokens create` before the start; the yielded URL carries it
@@ -122,14 +124,32 @@ def lmsp_service(model: Path, *, threads: int, extra_env: dict[str, str] | None 
         port = free_port()
         env = {**os.environ, "LMSP_TRAY_HOME": home, **(extra_env or {})}
         scopes = [arg for scope in BENCH_SCOPES for arg in ("--scope", scope)]
-        made = subprocess.run([sys.executable, "-m", "lmsp_tray", "tokens", "create", "--name", "benchmark", *scopes],
-                              env=env, capture_output=True, text=True, timeout=300)
+        made = subprocess.run(
+            [sys.executable, "-m", "lmsp_tray", "tokens", "create", "--name", "benchmark", *scopes],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         if made.returncode != 0:
             raise RuntimeError(f"could not create a token: {made.stderr.strip()}")
         secret = made.stdout.strip()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "lmsp_tray", "serve", "--port", str(port), "--models-dir", str(models),
-             "--no-default-dirs"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                sys.executable,
+                "-m",
+                "lmsp_tray",
+                "serve",
+                "--port",
+                str(port),
+                "--models-dir",
+                str(models),
+                "--no-default-dirs",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         url = ServiceURL(f"http://127.0.0.1:{port}/lmsp/v1", {"Authorization": f"Bearer {secret}"})
         try:
             wait_http(url)
@@ -148,12 +168,29 @@ def llama_cpp_server(model: Path, *, threads: int | None, n_ctx: int = 8192) -> 
     which would make the concurrency runs meaningless; with it off requests queue (serialise).
     """
     port = free_port()
-    tuning = [] if threads is None else ["--n_ctx", str(n_ctx), "--n_threads", str(threads),
-                                         "--n_threads_batch", str(threads)]
+    tuning = (
+        []
+        if threads is None
+        else ["--n_ctx", str(n_ctx), "--n_threads", str(threads), "--n_threads_batch", str(threads)]
+    )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--port", str(port), *tuning,
-         "--interrupt_requests", "false", "--verbose", "false"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(model),
+            "--port",
+            str(port),
+            *tuning,
+            "--interrupt_requests",
+            "false",
+            "--verbose",
+            "false",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http(f"{url}/v1/models")
@@ -173,12 +210,25 @@ class Turn:
     usage: dict
 
 
-def stream_lmsp_turn(client: httpx.Client, url: str, message: str, max_tokens: int, model: str = GEMMA_ID,
-                     previous: list | None = None, extra: dict | None = None) -> Turn:
+def stream_lmsp_turn(
+    client: httpx.Client,
+    url: str,
+    message: str,
+    max_tokens: int,
+    model: str = GEMMA_ID,
+    previous: list | None = None,
+    extra: dict | None = None,
+) -> Turn:
     """One streamed LMSP response; `previous` items go before the message, `extra` into the body
     (e.g. ``{"store": True, "previous_response_id": ...}``)."""
-    body = {"model": model, "input": (previous or []) + [{"role": "user", "content": message}],
-            "stream": True, "temperature": 0, "max_output_tokens": max_tokens, **(extra or {})}
+    body = {
+        "model": model,
+        "input": (previous or []) + [{"role": "user", "content": message}],
+        "stream": True,
+        "temperature": 0,
+        "max_output_tokens": max_tokens,
+        **(extra or {}),
+    }
     start = time.perf_counter()
     first = last = None
     text = []
@@ -205,19 +255,22 @@ def stream_lmsp_turn(client: httpx.Client, url: str, message: str, max_tokens: i
                 elif event == "response.failed":
                     raise RuntimeError(line)
     assert first is not None and last is not None
-    return Turn(Sample(first - start, (tokens - 1) / max(last - first, 1e-9), tokens), "".join(text), response_id,
-                usage)
+    return Turn(
+        Sample(first - start, (tokens - 1) / max(last - first, 1e-9), tokens), "".join(text), response_id, usage
+    )
 
 
-def stream_lmsp(client: httpx.Client, url: str, message: str, max_tokens: int, model: str = GEMMA_ID,
-                previous: list | None = None) -> tuple[Sample, str]:
+def stream_lmsp(
+    client: httpx.Client, url: str, message: str, max_tokens: int, model: str = GEMMA_ID, previous: list | None = None
+) -> tuple[Sample, str]:
     """One streamed LMSP response: time to first text, decode rate, and the text."""
     turn = stream_lmsp_turn(client, url, message, max_tokens, model, previous)
     return turn.sample, turn.text
 
 
-def stream_openai_completion(client: httpx.Client, url: str, prompt: str, max_tokens: int,
-                             extra: dict | None = None) -> Sample:
+def stream_openai_completion(
+    client: httpx.Client, url: str, prompt: str, max_tokens: int, extra: dict | None = None
+) -> Sample:
     """One streamed /v1/completions call (llama_cpp.server, llama-server): chunks are tokens."""
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, **(extra or {})}
     start = time.perf_counter()

@@ -28,13 +28,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from discovery_support import hf_snapshot_file, ollama_blob, ollama_manifest  # noqa: E402
-from gguf_factory import write_tiny_gguf  # noqa: E402
-from lmsp_tray.config import Config, Paths  # noqa: E402
-from lmsp_tray.discovery.catalog import Catalog, default_workers, header_cache_file  # noqa: E402
+from discovery_support import hf_snapshot_file, ollama_blob, ollama_manifest
+from gguf_factory import write_tiny_gguf
+
+from lmsp_tray.config import Config, Paths
+from lmsp_tray.discovery.catalog import Catalog, default_workers, header_cache_file
 
 TARGET_S = 1.0
-SMALL = dict(embedding=16, heads=2, heads_kv=2, blocks=1, ffn=32)  # small tensors; the real vocabulary
+SMALL = {"embedding": 16, "heads": 2, "heads_kv": 2, "blocks": 1, "ffn": 32}  # small tensors; the real vocabulary
 
 
 def build(root: Path, files: int) -> tuple[Path, Paths, Path]:
@@ -47,7 +48,7 @@ def build(root: Path, files: int) -> tuple[Path, Paths, Path]:
     cpp = home / ".cache" / "llama.cpp"
     for i in range(files):
         family = i % 5
-        meta = dict(basename=f"bench-{i}", size_label=f"{i % 9 + 1}B", file_type=(0, 1, 7, 15)[i % 4], seed=i)
+        meta = {"basename": f"bench-{i}", "size_label": f"{i % 9 + 1}B", "file_type": (0, 1, 7, 15)[i % 4], "seed": i}
         if family == 0:
             write_tiny_gguf(lms / f"pub{i % 7}" / f"Model{i}-GGUF" / f"model{i}-Q4_K_M.gguf", **meta, **SMALL)
         elif family == 1:
@@ -114,10 +115,14 @@ def main() -> int:
         same.scan()
         rescan_s, _ = timed(same.scan, args.runs)
         print(f"models found: {report.models} (errors {report.errors}, duplicates {report.duplicates})")
-        print(f"cold scan   ({workers} header thread(s)): median {cold_s * 1000:7.1f} ms  "
-              f"= {cold_s / TARGET_S:.2f} x the 1 s target  ({cold_s / args.files * 1e6:.0f} us per file)")
-        print(f"cold scan   ({other} header thread(s)): median {cold_other_s * 1000:7.1f} ms  "
-              f"= {cold_other_s / cold_s:.2f} x the default")
+        print(
+            f"cold scan   ({workers} header thread(s)): median {cold_s * 1000:7.1f} ms  "
+            f"= {cold_s / TARGET_S:.2f} x the 1 s target  ({cold_s / args.files * 1e6:.0f} us per file)"
+        )
+        print(
+            f"cold scan   ({other} header thread(s)): median {cold_other_s * 1000:7.1f} ms  "
+            f"= {cold_other_s / cold_s:.2f} x the default"
+        )
         print(f"warm start  (cache file):       median {warm_s * 1000:7.1f} ms  = {warm_s / cold_s:.2f} x cold")
         print(f"rescan      (same catalog):     median {rescan_s * 1000:7.1f} ms  = {rescan_s / cold_s:.2f} x cold")
         print(big_vocab(root))
@@ -141,8 +146,10 @@ def big_vocab(root: Path) -> str:
         dst.truncate(sum(p.stat().st_size for p in parts))  # sparse: the header is real, weights zeros
     read_gguf_info(target)
     median, info = timed(lambda: read_gguf_info(target), 9)
-    return (f"big vocabulary ({info.vocab_size:,} tokens, Gemma 3 270M header): "  # type: ignore[attr-defined]
-            f"median {median * 1000:.1f} ms per cold header read")
+    return (
+        f"big vocabulary ({info.vocab_size:,} tokens, Gemma 3 270M header): "  # type: ignore[attr-defined]
+        f"median {median * 1000:.1f} ms per cold header read"
+    )
 
 
 if __name__ == "__main__":

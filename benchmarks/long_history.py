@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 from common import (
     ROOT,
     gemma_path,
@@ -40,11 +39,15 @@ from common import (
 )
 from throughput import history_prompt, llama_server, lmsp_history_turn
 
-USER = ("Here is part {i} of my notes on the old lighthouse: the keeper logs the weather at dawn, trims the wick, "
-        "polishes the lens, writes letters to the mainland and watches the ships pass the reef at dusk.")
-ASSISTANT = ("Part {i} noted. The keeper's routine is steady: weather at dawn, the wick and the lens, letters, "
-             "and the evening watch over the reef. Shall I keep collecting the parts and summarise them at the "
-             "end, with the ships and the weather in separate lists?")
+USER = (
+    "Here is part {i} of my notes on the old lighthouse: the keeper logs the weather at dawn, trims the wick, "
+    "polishes the lens, writes letters to the mainland and watches the ships pass the reef at dusk."
+)
+ASSISTANT = (
+    "Part {i} noted. The keeper's routine is steady: weather at dawn, the wick and the lens, letters, "
+    "and the evening watch over the reef. Shall I keep collecting the parts and summarise them at the "
+    "end, with the ships and the weather in separate lists?"
+)
 
 
 def history(turns: int) -> list[tuple[str, str]]:
@@ -74,8 +77,11 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--threads", type=int, default=physical_cores())
     args = parser.parse_args()
-    binary = Path(subprocess.run([str(ROOT / "benchmarks" / "build_llama_server.sh")], capture_output=True,
-                                 text=True, check=True).stdout.strip())
+    binary = Path(
+        subprocess.run(
+            [str(ROOT / "benchmarks" / "build_llama_server.sh")], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )
     model = gemma_path()
     import llama_cpp
 
@@ -87,8 +93,7 @@ def main() -> int:
 
     with contextlib.ExitStack() as stack:
         ours, _ = stack.enter_context(lmsp_service(model, threads=args.threads))
-        ls = stack.enter_context(llama_server(binary, model, parallel=1, threads=args.threads,
-                                              extra=["--swa-full"]))
+        ls = stack.enter_context(llama_server(binary, model, parallel=1, threads=args.threads, extra=["--swa-full"]))
         client = stack.enter_context(httpx.Client(timeout=900))
 
         def turn_ours(pairs: list[tuple[str, str]], q: str) -> tuple[float, str, int]:
@@ -120,15 +125,27 @@ def main() -> int:
         start = time.perf_counter()
         llm.tokenize(prompt.encode(), special=True)
         spent.append(time.perf_counter() - start)
-    print(f"{model.name}, {args.threads} threads; history of {args.history_turns} turns, last prompt "
-          f"{n_tokens} tokens; median of {args.turns} turns")
-    print_table([(name, f"{statistics.median(v) * 1000:.0f}",
-                  f"{statistics.median(fresh[name]):.0f}" if fresh[name][0] >= 0 else "-")
-                 for name, v in ttft.items()], ("peer", "TTFT ms", "new prompt tokens"))
+    print(
+        f"{model.name}, {args.threads} threads; history of {args.history_turns} turns, last prompt "
+        f"{n_tokens} tokens; median of {args.turns} turns"
+    )
+    print_table(
+        [
+            (
+                name,
+                f"{statistics.median(v) * 1000:.0f}",
+                f"{statistics.median(fresh[name]):.0f}" if fresh[name][0] >= 0 else "-",
+            )
+            for name, v in ttft.items()
+        ],
+        ("peer", "TTFT ms", "new prompt tokens"),
+    )
     print(f"\ntokenizing the whole last prompt in llama.cpp: {statistics.median(spent) * 1000:.1f} ms")
     ours_ms, inproc_ms = statistics.median(ttft["lmsp-tray"]), statistics.median(ttft["inproc"])
-    print(f"lmsp-tray TTFT / in-process: {ours_ms / inproc_ms:.2f}; "
-          f"/ llama-server: {ours_ms / statistics.median(ttft['llama-server -np 1']):.2f}")
+    print(
+        f"lmsp-tray TTFT / in-process: {ours_ms / inproc_ms:.2f}; "
+        f"/ llama-server: {ours_ms / statistics.median(ttft['llama-server -np 1']):.2f}"
+    )
     return 0
 
 

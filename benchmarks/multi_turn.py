@@ -22,7 +22,6 @@ import statistics
 import sys
 
 import httpx
-
 from common import GEMMA_ID, gemma_path, lmsp_service, physical_cores, print_table, stream_lmsp_turn
 
 QUESTIONS = [
@@ -65,8 +64,10 @@ def baseline_run(client: httpx.Client, url: str, turns: int, tokens: int) -> lis
     for question in QUESTIONS[:turns]:
         fresh_model(client, url)  # nothing to reuse: the whole history is evaluated
         turn = stream_lmsp_turn(client, url, question, tokens, previous=history)
-        history += [{"role": "user", "content": question},
-                    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": turn.text}]}]
+        history += [
+            {"role": "user", "content": question},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": turn.text}]},
+        ]
         cached = (turn.usage.get("input_tokens_details") or {}).get("cached_tokens", 0)
         out.append((turn.sample.ttft, turn.usage["input_tokens"], cached))
     return out
@@ -85,15 +86,17 @@ def main() -> int:
     from pathlib import Path
 
     model = Path(args.model) if args.model else gemma_path()
-    print(f"model {model.name}, {turns} turns, {args.tokens} output tokens per turn, {args.threads} threads, "
-          f"{args.runs} runs (median per turn)")
+    print(
+        f"model {model.name}, {turns} turns, {args.tokens} output tokens per turn, {args.threads} threads, "
+        f"{args.runs} runs (median per turn)"
+    )
     reuse: list[list[tuple[float, int, int]]] = []
     base: list[list[tuple[float, int, int]]] = []
     with lmsp_service(model, threads=args.threads) as (url, _proc), httpx.Client(timeout=600) as client:
         stream_lmsp_turn(client, url, "Hello.", 4)  # warm-up: load the model
         for run in range(args.runs):
             pair = [(reuse, reuse_run), (base, baseline_run)]
-            for series, fn in (pair if run % 2 == 0 else pair[::-1]):
+            for series, fn in pair if run % 2 == 0 else pair[::-1]:
                 series.append(fn(client, url, turns, args.tokens))
 
     def med(series: list[list[tuple[float, int, int]]], turn: int, field: int) -> float:
@@ -101,24 +104,31 @@ def main() -> int:
 
     rows = []
     for t in range(turns):
-        rows.append((
-            str(t + 1),
-            f"{med(reuse, t, 0) * 1000:.0f}",
-            f"{med(reuse, t, 1):.0f}",
-            f"{med(reuse, t, 2):.0f}",
-            f"{med(base, t, 0) * 1000:.0f}",
-            f"{med(base, t, 1):.0f}",
-            f"{med(base, t, 2):.0f}",
-        ))
-    print_table(rows, ("turn", "reuse TTFT ms", "prompt tok", "cached tok", "baseline TTFT ms", "prompt tok",
-                       "cached tok"))
+        rows.append(
+            (
+                str(t + 1),
+                f"{med(reuse, t, 0) * 1000:.0f}",
+                f"{med(reuse, t, 1):.0f}",
+                f"{med(reuse, t, 2):.0f}",
+                f"{med(base, t, 0) * 1000:.0f}",
+                f"{med(base, t, 1):.0f}",
+                f"{med(base, t, 2):.0f}",
+            )
+        )
+    print_table(
+        rows, ("turn", "reuse TTFT ms", "prompt tok", "cached tok", "baseline TTFT ms", "prompt tok", "cached tok")
+    )
     last = turns - 1
     ratio_reuse = med(reuse, last, 0) / med(reuse, 0, 0)
     ratio_base = med(base, last, 0) / med(base, 0, 0)
-    print(f"\nturn {turns} / turn 1 TTFT: reuse {ratio_reuse:.2f}x (target <= 1.5x), "
-          f"baseline without reuse {ratio_base:.2f}x")
-    print(f"turn {turns}: reuse is {med(base, last, 0) / med(reuse, last, 0):.1f}x faster to first token than "
-          f"re-evaluating the whole context")
+    print(
+        f"\nturn {turns} / turn 1 TTFT: reuse {ratio_reuse:.2f}x (target <= 1.5x), "
+        f"baseline without reuse {ratio_base:.2f}x"
+    )
+    print(
+        f"turn {turns}: reuse is {med(base, last, 0) / med(reuse, last, 0):.1f}x faster to first token than "
+        f"re-evaluating the whole context"
+    )
     return 0
 
 

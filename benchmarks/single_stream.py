@@ -19,7 +19,6 @@ import argparse
 import sys
 
 import httpx
-
 from common import (
     GEMMA_MESSAGE,
     GEMMA_PROMPT,
@@ -47,17 +46,20 @@ def main() -> int:
 
     model = gemma_path()
     print(f"model {model.name}, {args.tokens} output tokens, {args.threads} threads, {args.runs} interleaved runs")
-    llm = llama_cpp.Llama(str(model), n_ctx=8192, n_threads=args.threads, n_threads_batch=args.threads,
-                          verbose=False)
+    llm = llama_cpp.Llama(str(model), n_ctx=8192, n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
     # llama-cpp-python's Llama turns flash attention off unless asked; llama.cpp's own default (auto),
     # which lmsp-tray and llama-server keep, turns it on where the backend has it. a= is engine parity.
-    llm_fa = llama_cpp.Llama(str(model), n_ctx=8192, n_threads=args.threads, n_threads_batch=args.threads,
-                             flash_attn=True, verbose=False)
+    llm_fa = llama_cpp.Llama(
+        str(model), n_ctx=8192, n_threads=args.threads, n_threads_batch=args.threads, flash_attn=True, verbose=False
+    )
     a, b = Series("a: llama-cpp-python in-process"), Series("b: lmsp-tray HTTP SSE")
     ae = Series("a=: in-process, flash attention on")
     c, ce = Series("c: llama_cpp.server SSE, its defaults"), Series("c=: llama_cpp.server SSE, same threads")
-    with lmsp_service(model, threads=args.threads) as (url, proc), llama_cpp_server(model, threads=None) as srv, \
-            llama_cpp_server(model, threads=args.threads) as srv_eq:
+    with (
+        lmsp_service(model, threads=args.threads) as (url, proc),
+        llama_cpp_server(model, threads=None) as srv,
+        llama_cpp_server(model, threads=args.threads) as srv_eq,
+    ):
         idle_rss = rss_bytes(proc.pid)
         with httpx.Client(timeout=300) as client:
             # Warm-up: load the model in each peer, fill caches.
@@ -79,8 +81,9 @@ def main() -> int:
                     series.samples.append(sample())
     rows = []
     for s in (a, ae, b, c, ce):
-        rows.append((s.name, f"{s.median('decode_tps'):.1f}", f"{s.median('ttft') * 1000:.1f}",
-                     f"{s.median('tokens'):.0f}"))
+        rows.append(
+            (s.name, f"{s.median('decode_tps'):.1f}", f"{s.median('ttft') * 1000:.1f}", f"{s.median('tokens'):.0f}")
+        )
     print_table(rows, ("peer", "decode tok/s", "TTFT ms", "tokens"))
     ba = b.median("decode_tps") / a.median("decode_tps")
     bc = b.median("decode_tps") / c.median("decode_tps")

@@ -23,11 +23,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import httpx
-
 from common import (
     ROOT,
     Sample,
@@ -45,8 +44,16 @@ from common import (
     wait_http,
 )
 
-TOPICS = ["a lighthouse keeper", "a robot learning to paint", "a city under the sea", "a mountain village",
-          "a lost satellite", "a night train", "an old library", "a desert caravan"]
+TOPICS = [
+    "a lighthouse keeper",
+    "a robot learning to paint",
+    "a city under the sea",
+    "a mountain village",
+    "a lost satellite",
+    "a night train",
+    "an old library",
+    "a desert caravan",
+]
 
 
 def message(i: int) -> str:
@@ -59,12 +66,14 @@ def render(msg: str) -> str:
 
 def history_prompt(history: list[tuple[str, str]], q: str) -> str:
     """A conversation's earlier (user, reply) turns and a new question, rendered as Gemma's template does."""
-    return "".join(f"<start_of_turn>user\n{u}<end_of_turn>\n<start_of_turn>model\n{a}<end_of_turn>\n"
-                   for u, a in history) + render(q)
+    return "".join(
+        f"<start_of_turn>user\n{u}<end_of_turn>\n<start_of_turn>model\n{a}<end_of_turn>\n" for u, a in history
+    ) + render(q)
 
 
-def lmsp_history_turn(c: httpx.Client, url: str, history: list[tuple[str, str]], q: str,
-                      tokens: int = 32) -> tuple[float, str, int]:
+def lmsp_history_turn(
+    c: httpx.Client, url: str, history: list[tuple[str, str]], q: str, tokens: int = 32
+) -> tuple[float, str, int]:
     """One turn through lmsp-tray with the whole history in `input`: TTFT, reply, newly evaluated tokens."""
     prev = [m for u, a in history for m in ({"role": "user", "content": u}, {"role": "assistant", "content": a})]
     t = stream_lmsp_turn(c, url, q, tokens, previous=prev)
@@ -73,13 +82,39 @@ def lmsp_history_turn(c: httpx.Client, url: str, history: list[tuple[str, str]],
 
 
 @contextlib.contextmanager
-def llama_server(binary: Path, model: Path, *, parallel: int, threads: int, ctx_per_slot: int = 8192,
-                 extra: tuple[str, ...] | list[str] = ()) -> Iterator[str]:
+def llama_server(
+    binary: Path,
+    model: Path,
+    *,
+    parallel: int,
+    threads: int,
+    ctx_per_slot: int = 8192,
+    extra: tuple[str, ...] | list[str] = (),
+) -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen(
-        [str(binary), "-m", str(model), "--port", str(port), "--host", "127.0.0.1", "-np", str(parallel),
-         "-c", str(ctx_per_slot * parallel), "-t", str(threads), "-tb", str(threads), "--no-webui", *extra],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            str(binary),
+            "-m",
+            str(model),
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "-np",
+            str(parallel),
+            "-c",
+            str(ctx_per_slot * parallel),
+            "-t",
+            str(threads),
+            "-tb",
+            str(threads),
+            "--no-webui",
+            *extra,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http(f"{url}/health")
@@ -146,13 +181,18 @@ def main() -> int:
     args = parser.parse_args()
     levels = [1, 4] if args.quick else [1, 2, 4, 8]
     rounds = 1 if args.quick else args.rounds
-    binary = Path(subprocess.run([str(ROOT / "benchmarks" / "build_llama_server.sh")], capture_output=True,
-                                 text=True, check=True).stdout.strip())
+    binary = Path(
+        subprocess.run(
+            [str(ROOT / "benchmarks" / "build_llama_server.sh")], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )
     model = gemma_path()
     import llama_cpp
 
-    print(f"machine: {os.cpu_count()} CPUs, {args.threads} threads; {model.name}; {args.tokens} tokens; "
-          f"{rounds} interleaved round(s)")
+    print(
+        f"machine: {os.cpu_count()} CPUs, {args.threads} threads; {model.name}; {args.tokens} tokens; "
+        f"{rounds} interleaved round(s)"
+    )
     llm = llama_cpp.Llama(str(model), n_ctx=8192, n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
 
     with contextlib.ExitStack() as stack:
@@ -184,7 +224,7 @@ def main() -> int:
         conc: dict[tuple[str, int], list[tuple[float, list[float]]]] = {}
         for r in range(rounds):
             names = list(single)
-            names = names[r % len(names):] + names[: r % len(names)]
+            names = names[r % len(names) :] + names[: r % len(names)]
             with httpx.Client(timeout=600) as c:
                 for _ in range(2):  # two single-stream samples per peer and round
                     for name in names:
@@ -197,8 +237,14 @@ def main() -> int:
                     conc.setdefault((name, n), []).append(concurrent(peers[name], n, args.tokens))
 
         print("\nsingle stream (median)")
-        rows = [(name, f"{statistics.median(s.decode_tps for s in v):.1f}",
-                 f"{statistics.median(s.ttft for s in v) * 1000:.0f}") for name, v in single.items()]
+        rows = [
+            (
+                name,
+                f"{statistics.median(s.decode_tps for s in v):.1f}",
+                f"{statistics.median(s.ttft for s in v) * 1000:.0f}",
+            )
+            for name, v in single.items()
+        ]
         print_table(rows, ("peer", "decode tok/s", "TTFT ms"))
 
         print("\nconcurrent streams (median of rounds; TTFT percentiles over all streams)")
@@ -209,19 +255,32 @@ def main() -> int:
             rows.append((f"{n}", name, f"{agg:.1f}", f"{pct(ttfts, 0.5) * 1000:.0f}", f"{pct(ttfts, 0.95) * 1000:.0f}"))
         print_table(rows, ("streams", "peer", "aggregate tok/s", "p50 TTFT ms", "p95 TTFT ms"))
 
-        print(f"\n{args.turns}-turn conversation, whole history re-sent each turn "
-              f"(TTFT ms per turn, median of {args.conversations} conversations)")
+        print(
+            f"\n{args.turns}-turn conversation, whole history re-sent each turn "
+            f"(TTFT ms per turn, median of {args.conversations} conversations)"
+        )
 
         def turn_ours(c: httpx.Client, history: list[tuple[str, str]], q: str) -> tuple[float, str, int]:
             return lmsp_history_turn(c, ours, history, q)
 
         def turn_llama_server(c: httpx.Client, history: list[tuple[str, str]], q: str) -> tuple[float, str, int]:
-            r = c.post(f"{ls1}/completion", json={"prompt": history_prompt(history, q), "n_predict": 32,
-                                                 "temperature": 0, "cache_prompt": True, "stream": False})
+            r = c.post(
+                f"{ls1}/completion",
+                json={
+                    "prompt": history_prompt(history, q),
+                    "n_predict": 32,
+                    "temperature": 0,
+                    "cache_prompt": True,
+                    "stream": False,
+                },
+            )
             r.raise_for_status()
             timings = r.json()["timings"]
-            return ((timings["prompt_ms"] + timings["predicted_per_token_ms"]) / 1000, r.json()["content"],
-                    timings["prompt_n"])
+            return (
+                (timings["prompt_ms"] + timings["predicted_per_token_ms"]) / 1000,
+                r.json()["content"],
+                timings["prompt_n"],
+            )
 
         def turn_inproc(c: httpx.Client, history: list[tuple[str, str]], q: str) -> tuple[float, str, int]:
             # llama-cpp-python keeps its last prompt's KV and evaluates only what differs: the engine's own
@@ -235,9 +294,13 @@ def main() -> int:
             runs["ls"].append(conversation(turn_llama_server, args.turns, offset=k))
         turns = {name: median_turns([r[0] for r in rs]) for name, rs in runs.items()}
         fresh = {name: median_turns([r[1] for r in rs]) for name, rs in runs.items()}
-        print_table([(str(i + 1), *(f"{turns[name][i] * 1000:.0f} ({fresh[name][i]:.0f})" for name in runs))
-                     for i in range(args.turns)],
-                    ("turn", "lmsp-tray", "llama-cpp-python in-process", "llama-server -np 1 (server timing)"))
+        print_table(
+            [
+                (str(i + 1), *(f"{turns[name][i] * 1000:.0f} ({fresh[name][i]:.0f})" for name in runs))
+                for i in range(args.turns)
+            ],
+            ("turn", "lmsp-tray", "llama-cpp-python in-process", "llama-server -np 1 (server timing)"),
+        )
         print("  (new prompt tokens evaluated in brackets)")
         ours_turns, inproc_turns, ls_turns = turns["ours"], turns["inproc"], turns["ls"]
 
@@ -252,17 +315,31 @@ def main() -> int:
 
     print("\ntargets")
     checks = [
-        ("single stream vs llama-server -np 1 (>= 0.95)", med("lmsp-tray", "decode_tps") / med("llama-server -np 1", "decode_tps"), 0.95),
+        (
+            "single stream vs llama-server -np 1 (>= 0.95)",
+            med("lmsp-tray", "decode_tps") / med("llama-server -np 1", "decode_tps"),
+            0.95,
+        ),
         ("single stream vs in-process (>= 1.0)", med("lmsp-tray", "decode_tps") / med("inproc", "decode_tps"), 1.0),
         ("4 streams vs llama-server -np 4 aggregate (>= 0.9)", agg("lmsp-tray", 4) / agg("llama-server -np 4", 4), 0.9),
         ("4 streams vs llama_cpp.server aggregate (>= 2.5)", agg("lmsp-tray", 4) / agg("llama_cpp.server", 4), 2.5),
-        ("  (info: llama_cpp.server given our threads)", agg("lmsp-tray", 4) / agg("llama_cpp.server same threads", 4), None),
+        (
+            "  (info: llama_cpp.server given our threads)",
+            agg("lmsp-tray", 4) / agg("llama_cpp.server same threads", 4),
+            None,
+        ),
         ("4 streams p95 TTFT / llama-server's (<= 2.0)", p95("lmsp-tray", 4) / p95("llama-server -np 4", 4), -2.0),
         ("turn 10 TTFT / turn 1 (<= 1.5)", ours_turns[-1] / ours_turns[0], -1.5),
-        ("  (info: turn 10 / turn 2, about as many new prompt tokens: the cost of the longer history)",
-         ours_turns[-1] / ours_turns[1], None),
-        ("  (info: llama-cpp-python in-process turn 10 / turn 1: the engine alone, same new tokens)",
-         inproc_turns[-1] / inproc_turns[0], None),
+        (
+            "  (info: turn 10 / turn 2, about as many new prompt tokens: the cost of the longer history)",
+            ours_turns[-1] / ours_turns[1],
+            None,
+        ),
+        (
+            "  (info: llama-cpp-python in-process turn 10 / turn 1: the engine alone, same new tokens)",
+            inproc_turns[-1] / inproc_turns[0],
+            None,
+        ),
         ("  (info: turn 10 TTFT vs llama-cpp-python in-process turn 10)", ours_turns[-1] / inproc_turns[-1], None),
         ("  (info: llama-server -np 1 turn 10 / turn 1, its own timing)", ls_turns[-1] / ls_turns[0], None),
     ]

@@ -14,9 +14,10 @@ import os
 import re
 import sys
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 APP_NAME = "lmsp-tray"
 DEFAULT_PORT = 7373
@@ -55,7 +56,7 @@ class Paths:
     def log_dir(self) -> Path:
         return self.cache_dir / "logs"
 
-    def ensure(self) -> "Paths":
+    def ensure(self) -> Paths:
         for folder in (self.config_dir, self.data_dir, self.cache_dir, self.models_dir):
             folder.mkdir(parents=True, exist_ok=True)
         self.runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -128,7 +129,7 @@ class Config:
     allowed_origins: list[str] = field(default_factory=list)
     demo_model: bool = True  # assemble the embedded demo model when no other model exists
 
-    def with_overrides(self, **overrides: Any) -> "Config":
+    def with_overrides(self, **overrides: Any) -> Config:
         """A copy with the non-None overrides applied (command-line options)."""
         clean = {k: v for k, v in overrides.items() if v is not None}
         return dataclasses.replace(self, **clean)

@@ -21,43 +21,39 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
 import socket
 import threading
-import time
-import urllib.request
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import uvicorn
 
 from lmsp_tray import __version__
+from lmsp_tray.auth.pairing import Auth, PairingBroker
+from lmsp_tray.auth.tokens import StoreTokenRepository, TokenManager, TokenRepository
+from lmsp_tray.auth.vault import SecretVault
 from lmsp_tray.config import Config, Paths
-from lmsp_tray.conversations import Conversations
 from lmsp_tray.discovery.catalog import Catalog
 from lmsp_tray.discovery.watch import FolderWatcher
+from lmsp_tray.engine.load_plan import MAX_DEFAULT_PARALLEL, LoadOptions
 from lmsp_tray.engine.manager import MemoryBudget, ModelManager
-from lmsp_tray.engine.plan import MAX_DEFAULT_PARALLEL, LoadOptions
 from lmsp_tray.engine.runtime import Runtime
 from lmsp_tray.http.app import create_app
 from lmsp_tray.http.security import MAX_HEADER_BYTES
-from lmsp_tray.pairing import Auth, PairingBroker
-from lmsp_tray.recovery import recover
-from lmsp_tray.replay import Idempotency
-from lmsp_tray.responder import Responder
-from lmsp_tray.service import Capabilities, Service
+from lmsp_tray.instance import remove_discovery_file, write_discovery_file
+from lmsp_tray.serving.conversations import Conversations
+from lmsp_tray.serving.recovery import recover
+from lmsp_tray.serving.replay import Idempotency
+from lmsp_tray.serving.responder import Responder
+from lmsp_tray.serving.service import Capabilities, Service
+from lmsp_tray.serving.tasks import TaskManager
 from lmsp_tray.store import Database, Housekeeper, LastUsedBatcher
-from lmsp_tray.store.idempotency import IDEMPOTENCY_TTL_S
-from lmsp_tray.tasks import TaskManager
-from lmsp_tray.tokens import StoreTokenRepository, TokenManager, TokenRepository
-from lmsp_tray.vault import SecretVault
+from lmsp_tray.store.idempotency_keys import IDEMPOTENCY_TTL_S
 
 log = logging.getLogger("lmsp_tray.daemon")
-
 
 
 class _Server(uvicorn.Server):
@@ -71,37 +67,6 @@ class _Server(uvicorn.Server):
 def build_catalog(paths: Paths, config: Config) -> Catalog:
     """The model catalog over every folder family the configuration asks for."""
     return Catalog.from_config(paths, config)
-
-
-@dataclass(frozen=True)
-class RunningInstance:
-    url: str
-    pid: int
-
-
-def find_running(paths: Paths, timeout: float = 1.0) -> RunningInstance | None:
-    """The live instance named by the discovery file, if its pid lives and it answers."""
-    try:
-        info = json.loads(paths.discovery_file.read_text(encoding="utf-8"))
-        url, pid = str(info["url"]), int(info["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if pid != os.getpid():
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
-    try:
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
-        with opener.open(url, timeout=timeout) as reply:  # loopback URL we wrote
-            doc = json.loads(reply.read())
-        if doc.get("object") == "service":
-            return RunningInstance(url, pid)
-    except (OSError, ValueError):
-        return None
-    return None
 
 
 def load_options(config: Config, runtime: Runtime) -> LoadOptions:
@@ -151,7 +116,7 @@ class StoreSettings:
     housekeeping_interval_s: float = 600.0
 
     @classmethod
-    def from_config(cls, config: Config) -> "StoreSettings":
+    def from_config(cls, config: Config) -> StoreSettings:
         retention = float(config.event_retention)
         interval = config.housekeeping_interval
         return cls(
@@ -163,16 +128,31 @@ class StoreSettings:
 
 
 class Daemon:
-    def __init__(self, paths: Paths, config: Config, *, catalog: Any, vault: SecretVault | None = None,
-                 token_repository: TokenRepository | None = None) -> None:
+    def __init__(
+        self,
+        paths: Paths,
+        config: Config,
+        *,
+        catalog: Any,
+        vault: SecretVault | None = None,
+        token_repository: TokenRepository | None = None,
+    ) -> None:
         self.paths = paths
         self.config = config
         self.catalog = catalog
         self.runtime = Runtime()
-        self.models = ModelManager(self.runtime, load_options(config, self.runtime),
-                                   budget=memory_budget(config, self.runtime), keep_alive=config.keep_alive)
-        self.service = Service(config=config, catalog=catalog, models=self.models,
-                               capabilities=Capabilities((*Capabilities().names, "conversations")))
+        self.models = ModelManager(
+            self.runtime,
+            load_options(config, self.runtime),
+            budget=memory_budget(config, self.runtime),
+            keep_alive=config.keep_alive,
+        )
+        self.service = Service(
+            config=config,
+            catalog=catalog,
+            models=self.models,
+            capabilities=Capabilities((*Capabilities().names, "conversations")),
+        )
         self.store_settings = settings = StoreSettings.from_config(config)
         self.db = Database(paths.database)
         try:
@@ -182,20 +162,32 @@ class Daemon:
             raise
         last_used = LastUsedBatcher()
         self.housekeeper = Housekeeper(
-            self.db, event_retention_s=settings.event_retention_s, idempotency_ttl_s=settings.idempotency_ttl_s,
-            response_ttl_s=settings.response_ttl_s, task_ttl_s=settings.task_ttl_s,
-            interval_s=settings.housekeeping_interval_s, last_used=last_used).start()
+            self.db,
+            event_retention_s=settings.event_retention_s,
+            idempotency_ttl_s=settings.idempotency_ttl_s,
+            response_ttl_s=settings.response_ttl_s,
+            task_ttl_s=settings.task_ttl_s,
+            interval_s=settings.housekeeping_interval_s,
+            last_used=last_used,
+        ).start()
         tokens = TokenManager(token_repository or StoreTokenRepository(self.db, last_used), vault or SecretVault())
         tokens.ensure_owner()
         self.auth = Auth(tokens=tokens, pairings=PairingBroker(tokens))
         self.conversations = Conversations(self.db)
         self.idempotency = Idempotency(self.db, ttl_s=settings.idempotency_ttl_s)
-        self.responder = Responder(self.service, db=self.db, conversations=self.conversations,
-                                   idempotency=self.idempotency)
-        self.tasks = TaskManager(self.service, self.db, self.conversations, self.idempotency,
-                                 max_running=config.parallel or MAX_DEFAULT_PARALLEL)
-        self.app = create_app(self.service, self.auth, responder=self.responder, conversations=self.conversations,
-                              tasks=self.tasks)
+        self.responder = Responder(
+            self.service, db=self.db, conversations=self.conversations, idempotency=self.idempotency
+        )
+        self.tasks = TaskManager(
+            self.service,
+            self.db,
+            self.conversations,
+            self.idempotency,
+            max_running=config.parallel or MAX_DEFAULT_PARALLEL,
+        )
+        self.app = create_app(
+            self.service, self.auth, responder=self.responder, conversations=self.conversations, tasks=self.tasks
+        )
         self.watcher = FolderWatcher(catalog)
         self.watcher.subscribe(self._models_changed)
         self.url: str | None = None
@@ -210,8 +202,13 @@ class Daemon:
         """A model file went away: unload it once its running requests have finished."""
         for model_id in removed:
             if self.models.get(model_id) is not None:
-                threading.Thread(target=self.models.unload, args=(model_id,), kwargs={"drain": True},
-                                 name="lmsp-unload-removed", daemon=True).start()
+                threading.Thread(
+                    target=self.models.unload,
+                    args=(model_id,),
+                    kwargs={"drain": True},
+                    name="lmsp-unload-removed",
+                    daemon=True,
+                ).start()
 
     # -- serving --------------------------------------------------------------------------------
     def _uvicorn_config(self, sock: socket.socket) -> uvicorn.Config:
@@ -261,8 +258,8 @@ class Daemon:
         serve_task = asyncio.ensure_future(server.serve(sockets=[sock]))
         while not server.started and not serve_task.done():
             await asyncio.sleep(0.01)
-        if server.started:
-            self._write_discovery_file()
+        if server.started and self.url:
+            write_discovery_file(self.paths, self.url, self._discovery_owner_id())
             self.watcher.start()
             log.info("lmsp-tray %s serving %s", __version__, self.url)
         self._started.set()
@@ -290,10 +287,11 @@ class Daemon:
 
     def start_background(self, sock: socket.socket) -> None:
         """Serve on a background thread (under the tray, and in tests); returns once listening."""
+
         def run() -> None:
             try:
                 asyncio.run(self._serve(sock))
-            except BaseException as exc:  # surfaced to the starter
+            except BaseException as exc:  # noqa: BLE001 - surfaced to the starter, who re-raises it
                 self._startup_error = exc
                 self._started.set()
 
@@ -333,29 +331,15 @@ class Daemon:
         if self._closed:
             return
         self._closed = True
-        self._remove_discovery_file()
+        remove_discovery_file(self.paths)
         self.watcher.stop()
         self.models.close()
         self.runtime.close()
         self.housekeeper.stop()
         self.db.close()  # commits whatever is still queued
 
-    # -- discovery file -------------------------------------------------------------------------
-    def _write_discovery_file(self) -> None:
-        path = self.paths.discovery_file
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        doc = {"url": self.url, "pid": os.getpid(), "version": __version__, "started_at": int(time.time())}
+    def _discovery_owner_id(self) -> str | None:
+        """The owner token's id for the discovery file (an id, not a secret: the CLI finds the
+        secret in the keyring), or None when it lives only in memory."""
         tokens = self.auth.tokens
-        if tokens.owner_id and not tokens.owner_ephemeral:
-            doc["owner_token_id"] = tokens.owner_id  # an id, not a secret: the CLI finds the secret in the keyring
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh)
-        os.replace(tmp, path)
-
-    def _remove_discovery_file(self) -> None:
-        path = self.paths.discovery_file
-        with contextlib.suppress(OSError, ValueError):
-            if json.loads(path.read_text(encoding="utf-8")).get("pid") == os.getpid():
-                path.unlink()
+        return tokens.owner_id if tokens.owner_id and not tokens.owner_ephemeral else None

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import httpx
 import pytest
-
 from gguf_factory import write_tiny_gguf
-from support import LiveDaemon, start_daemon
 from secret_audit import secret_audit  # noqa: F401 — autouse: no issued secret in any file the run wrote
+from support import LiveDaemon, start_daemon
 
 
 @pytest.fixture(scope="session")
@@ -23,8 +22,16 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def slow_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A bigger generated model (4k context, ~1 ms per token) for tests that need a long generation."""
-    return write_tiny_gguf(tmp_path_factory.mktemp("models") / "slow-test.gguf", basename="slow-test",
-                           size_label="4M", context_length=4096, embedding=256, blocks=4, ffn=1024, seed=1)
+    return write_tiny_gguf(
+        tmp_path_factory.mktemp("models") / "slow-test.gguf",
+        basename="slow-test",
+        size_label="4M",
+        context_length=4096,
+        embedding=256,
+        blocks=4,
+        ffn=1024,
+        seed=1,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -14,14 +14,21 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from gguf_factory import vocabulary, write_tiny_gguf
 
 
-def write_header_only(path: Path, *, arch: str = "llama", kv: dict[str, Any] | None = None,
-                      tokens: Sequence[str] | None = None, tensors: int = 0) -> Path:
+def write_header_only(
+    path: Path,
+    *,
+    arch: str = "llama",
+    kv: dict[str, Any] | None = None,
+    tokens: Sequence[str] | None = None,
+    tensors: int = 0,
+) -> Path:
     """A GGUF with the given metadata and `tensors` small f32 tensors (0: a vocab-only file)."""
     import gguf
     import numpy as np
@@ -66,8 +73,9 @@ def ollama_blob(store: Path, **model: Any) -> str:
     return digest
 
 
-def ollama_manifest(store: Path, name_path: str, model_digest: str, *, size: int = 0,
-                    extra_layers: Sequence[dict[str, Any]] = ()) -> Path:
+def ollama_manifest(
+    store: Path, name_path: str, model_digest: str, *, size: int = 0, extra_layers: Sequence[dict[str, Any]] = ()
+) -> Path:
     """``manifests/<host>/<namespace>/<model>/<tag>`` pointing at a model blob."""
     path = store / "manifests" / name_path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -75,8 +83,10 @@ def ollama_manifest(store: Path, name_path: str, model_digest: str, *, size: int
         "schemaVersion": 2,
         "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
         "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "digest": "sha256:0", "size": 2},
-        "layers": [{"mediaType": "application/vnd.ollama.image.model", "digest": model_digest, "size": size},
-                   *extra_layers],
+        "layers": [
+            {"mediaType": "application/vnd.ollama.image.model", "digest": model_digest, "size": size},
+            *extra_layers,
+        ],
     }
     path.write_text(json.dumps(doc), encoding="utf-8")
     return path

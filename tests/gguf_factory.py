@@ -13,8 +13,8 @@ exactly `max_output_tokens` tokens, or stop on a stop string.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -26,22 +26,85 @@ CHATML_TEMPLATE = (
 )
 
 CONTROL_TOKENS = [
-    "<unk>", "<s>", "</s>",
-    "<|im_start|>", "<|im_end|>",
-    "<start_of_turn>", "<end_of_turn>",
-    "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-    "<|python_tag|>", "[INST]", "[/INST]", "[TOOL_CALLS]",
+    "<unk>",
+    "<s>",
+    "</s>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<start_of_turn>",
+    "<end_of_turn>",
+    "<|begin_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|python_tag|>",
+    "[INST]",
+    "[/INST]",
+    "[TOOL_CALLS]",
 ]
 # Tokens the chat-side features use as text markers (kept as normal tokens).
 MARKER_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 BIAS_ANCHOR = 8.0  # see write_tiny_gguf(logit_bias=...)
 WORD_PIECES = [
-    "▁the", "▁a", "▁is", "▁of", "▁and", "▁to", "▁in", "▁it", "▁that", "▁you",
-    "▁hello", "▁world", "▁model", "▁local", "▁service", "▁token", "▁stream", "▁test",
-    "▁user", "▁assistant", "▁system", "▁weather", "▁city", "▁name", "▁value",
-    "▁", "▁▁", "\n", "{", "}", "\"", ":", ",", "[", "]", "▁true", "▁false", "▁null",
-    "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", ".", "-", "e", "a", "b", "c",
-    "ж", "€", "日本", "▁héllo", "🙂",
+    "▁the",
+    "▁a",
+    "▁is",
+    "▁of",
+    "▁and",
+    "▁to",
+    "▁in",
+    "▁it",
+    "▁that",
+    "▁you",
+    "▁hello",
+    "▁world",
+    "▁model",
+    "▁local",
+    "▁service",
+    "▁token",
+    "▁stream",
+    "▁test",
+    "▁user",
+    "▁assistant",
+    "▁system",
+    "▁weather",
+    "▁city",
+    "▁name",
+    "▁value",
+    "▁",
+    "▁▁",
+    "\n",
+    "{",
+    "}",
+    '"',
+    ":",
+    ",",
+    "[",
+    "]",
+    "▁true",
+    "▁false",
+    "▁null",
+    "0",
+    "1",
+    "2",
+    "3",
+    "4",
+    "5",
+    "6",
+    "7",
+    "8",
+    "9",
+    ".",
+    "-",
+    "e",
+    "a",
+    "b",
+    "c",
+    "ж",
+    "€",
+    "日本",
+    "▁héllo",
+    "🙂",
 ]
 
 

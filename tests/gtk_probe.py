@@ -64,7 +64,7 @@ def start_menu_dump(app: Any, state_dir: Path, interval_ms: int = 100) -> None:
                 tmp = state_dir / "menu.json.tmp"
                 tmp.write_text(text, encoding="utf-8")
                 os.replace(tmp, state_dir / "menu.json")
-        except Exception:  # noqa: BLE001
+        except Exception:
             logging.getLogger("gtk_probe").exception("menu dump failed")
         return True
 

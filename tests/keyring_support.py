@@ -54,23 +54,42 @@ def tools_missing() -> str | None:
 
 def start_private_keyring() -> PrivateKeyring:
     home = Path(tempfile.mkdtemp(prefix="lmsp-keyring-"))
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("DISPLAY", "WAYLAND_DISPLAY", "DBUS_SESSION_BUS_ADDRESS", "GNOME_KEYRING_CONTROL")}
-    env.update({"HOME": str(home), "XDG_DATA_HOME": str(home / "data"), "XDG_RUNTIME_DIR": str(home / "run"),
-                "XDG_CACHE_HOME": str(home / "cache")})
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DISPLAY", "WAYLAND_DISPLAY", "DBUS_SESSION_BUS_ADDRESS", "GNOME_KEYRING_CONTROL")
+    }
+    env.update(
+        {
+            "HOME": str(home),
+            "XDG_DATA_HOME": str(home / "data"),
+            "XDG_RUNTIME_DIR": str(home / "run"),
+            "XDG_CACHE_HOME": str(home / "cache"),
+        }
+    )
     (home / "run").mkdir(mode=0o700)
     (home / "data").mkdir()
-    bus = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--nopidfile", "--print-address=1"],
-                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
+    bus = subprocess.Popen(
+        ["dbus-daemon", "--session", "--nofork", "--nopidfile", "--print-address=1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        text=True,
+    )
     assert bus.stdout is not None
     address = bus.stdout.readline().strip()
     if not address:
         bus.kill()
         raise RuntimeError("dbus-daemon did not print its address")
     env["DBUS_SESSION_BUS_ADDRESS"] = address
-    daemon = subprocess.Popen(["gnome-keyring-daemon", "--foreground", "--unlock", "--components=secrets"],
-                              stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                              text=True)
+    daemon = subprocess.Popen(
+        ["gnome-keyring-daemon", "--foreground", "--unlock", "--components=secrets"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        text=True,
+    )
     assert daemon.stdin is not None
     daemon.stdin.write(PASSWORD)
     daemon.stdin.close()
@@ -99,8 +118,10 @@ def working_session_keyring() -> bool:
     """True when this process already has a usable Secret Service (e.g. under .ci/run's dbus-run-session)."""
     if not os.environ.get("DBUS_SESSION_BUS_ADDRESS"):
         return False
-    probe = ("import keyring.backends.SecretService as s; k = s.Keyring(); "
-             "k.set_password('lmsp-tray-test', 'probe', 'x'); k.delete_password('lmsp-tray-test', 'probe')")
+    probe = (
+        "import keyring.backends.SecretService as s; k = s.Keyring(); "
+        "k.set_password('lmsp-tray-test', 'probe', 'x'); k.delete_password('lmsp-tray-test', 'probe')"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
     try:
         return subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, timeout=30).returncode == 0

@@ -16,7 +16,7 @@ from pathlib import Path
 import gi
 
 gi.require_version("Gio", "2.0")
-from gi.repository import Gio, GLib  # noqa: E402
+from gi.repository import Gio, GLib
 
 XML = """
 <node>
@@ -62,8 +62,14 @@ def main() -> int:
     def on_name(_conn, _name):
         Path(f"{out}.ready").write_text("ok")
 
-    Gio.bus_own_name(Gio.BusType.SESSION, "org.freedesktop.Notifications", Gio.BusNameOwnerFlags.NONE,
-                     on_bus, on_name, lambda *_: loop.quit())
+    Gio.bus_own_name(
+        Gio.BusType.SESSION,
+        "org.freedesktop.Notifications",
+        Gio.BusNameOwnerFlags.NONE,
+        on_bus,
+        on_name,
+        lambda *_: loop.quit(),
+    )
     loop = GLib.MainLoop()
     loop.run()
     return 0

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
-import lmsp_tray.pairing
-import lmsp_tray.tokens
+import lmsp_tray.auth.pairing
+import lmsp_tray.auth.tokens
 
 SECRET = re.compile(rb"lmspp?_[A-Za-z0-9_-]{43}")
 LOGGERS = ("lmsp_tray", "uvicorn", "uvicorn.error", "uvicorn.access")
@@ -28,9 +28,9 @@ LOGGERS = ("lmsp_tray", "uvicorn", "uvicorn.error", "uvicorn.access")
 @pytest.fixture(scope="session", autouse=True)
 def secret_audit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[set[str]]:
     issued: set[str] = set()
-    original = lmsp_tray.tokens.generate_secret
+    original = lmsp_tray.auth.tokens.generate_secret
 
-    def recording(prefix: str = lmsp_tray.tokens.SECRET_PREFIX) -> str:
+    def recording(prefix: str = lmsp_tray.auth.tokens.SECRET_PREFIX) -> str:
         secret = original(prefix)
         issued.add(secret)
         return secret
@@ -42,8 +42,8 @@ def secret_audit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[set[str]]
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     saved = {name: logging.getLogger(name).level for name in LOGGERS}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(lmsp_tray.tokens, "generate_secret", recording)
-        mp.setattr(lmsp_tray.pairing, "generate_secret", recording)
+        mp.setattr(lmsp_tray.auth.tokens, "generate_secret", recording)
+        mp.setattr(lmsp_tray.auth.pairing, "generate_secret", recording)
         for name in LOGGERS:
             logging.getLogger(name).addHandler(handler)
             logging.getLogger(name).setLevel(logging.DEBUG)

@@ -19,7 +19,7 @@ import sys
 import threading
 
 from lmsp_tray.ids import new_id
-from lmsp_tray.store import Database, events, tasks
+from lmsp_tray.store import Database, event_log, task_rows
 
 
 class Out:
@@ -34,24 +34,29 @@ class Out:
 
 def end_interrupted(db: Database, task_id: str) -> None:
     def fail(conn):  # one write: a second crash cannot leave two terminal events
-        seq = events.last_event_seq(conn, task_id) + 1
+        seq = event_log.last_event_seq(conn, task_id) + 1
         error = {"code": "service_restarted", "message": "the service restarted while this task ran"}
         data = {"type": "response.failed", "sequence_number": seq, "status": "failed", "error": error}
-        return tasks.finish(conn, task_id, "failed", error=error, events=[(seq, "response.failed", data)])
+        return task_rows.finish(conn, task_id, "failed", error=error, events=[(seq, "response.failed", data)])
 
     db.write_sync(fail)
 
 
 def run_queued(db: Database, task_id: str) -> None:
-    if db.write_sync(tasks.mark_in_progress, task_id) is None:
+    if db.write_sync(task_rows.mark_in_progress, task_id) is None:
         return
-    db.write_sync(events.append_events, task_id, [(1, "response.created", {"sequence_number": 1})])
-    db.write_sync(tasks.finish, task_id, "completed", response={"status": "completed"},
-                  events=[(2, "response.completed", {"sequence_number": 2})])
+    db.write_sync(event_log.append_events, task_id, [(1, "response.created", {"sequence_number": 1})])
+    db.write_sync(
+        task_rows.finish,
+        task_id,
+        "completed",
+        response={"status": "completed"},
+        events=[(2, "response.completed", {"sequence_number": 2})],
+    )
 
 
 def recover(db: Database, out: Out) -> None:
-    found = db.write_sync(tasks.recover_after_crash)
+    found = db.write_sync(task_rows.recover_after_crash)
     for task in found.interrupted:
         end_interrupted(db, task.id)
         out(f"failed {task.id}")
@@ -63,32 +68,42 @@ def recover(db: Database, out: Out) -> None:
 def producer(db: Database, rnd: random.Random, out: Out) -> None:
     while True:
         tid = new_id("task")
-        db.write_sync(tasks.create, tid, {"model": "tiny", "input": "x"})
-        db.write_sync(tasks.mark_in_progress, tid, response_id=new_id("resp"))
+        db.write_sync(task_rows.create, tid, {"model": "tiny", "input": "x"})
+        db.write_sync(task_rows.mark_in_progress, tid, response_id=new_id("resp"))
         out(f"started {tid}")
         total = rnd.randint(5, 80)
         seq = 1
         while seq <= total:
             chunk = min(rnd.randint(1, 6), total - seq + 1)
             futures = [
-                db.write(events.append_events, tid,
-                         [(s, "response.output_text.delta", {"sequence_number": s, "delta": "y" * rnd.randint(0, 400)})])
+                db.write(
+                    event_log.append_events,
+                    tid,
+                    [(s, "response.output_text.delta", {"sequence_number": s, "delta": "y" * rnd.randint(0, 400)})],
+                )
                 for s in range(seq, seq + chunk)
             ]
             for s, fut in zip(range(seq, seq + chunk), futures):
                 fut.result()
                 out(f"ack {tid} {s}")
             seq += chunk
-        db.write_sync(tasks.finish, tid, "completed", response={"status": "completed"},
-                      events=[(seq, "response.completed", {"sequence_number": seq})])
+        db.write_sync(
+            task_rows.finish,
+            tid,
+            "completed",
+            response={"status": "completed"},
+            events=[(seq, "response.completed", {"sequence_number": seq})],
+        )
         out(f"done {tid} {seq}")
 
 
 def checker(db: Database, out: Out) -> None:
     while True:
-        owners = db.read(lambda c: [r[0] for r in c.execute("SELECT owner_id FROM event_logs ORDER BY random() LIMIT 5")])
+        owners = db.read(
+            lambda c: [r[0] for r in c.execute("SELECT owner_id FROM event_logs ORDER BY random() LIMIT 5")]
+        )
         for owner in owners:
-            seqs = [e.seq for e in db.read(events.read_events, owner)]
+            seqs = [e.seq for e in db.read(event_log.read_events, owner)]
             if seqs != list(range(1, len(seqs) + 1)):
                 out(f"BAD gap in {owner}: {seqs[:20]}")
 
@@ -103,12 +118,13 @@ def main(argv: list[str]) -> None:
         out("finished")
         return
     queued = new_id("task")
-    db.write_sync(tasks.create, queued, {"model": "tiny", "input": "later"})
+    db.write_sync(task_rows.create, queued, {"model": "tiny", "input": "later"})
     out(f"queued {queued}")
     out("ready")
     rnd = random.Random(seed)
-    threads = [threading.Thread(target=producer, args=(db, random.Random(rnd.random()), out), daemon=True)
-               for _ in range(4)]
+    threads = [
+        threading.Thread(target=producer, args=(db, random.Random(rnd.random()), out), daemon=True) for _ in range(4)
+    ]
     threads.append(threading.Thread(target=checker, args=(db, out), daemon=True))
     for th in threads:
         th.start()

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 
@@ -73,8 +74,13 @@ class LiveDaemon:
 def start_daemon(models_dir: Path, *, vault: Any = None, token_repository: Any = None, **overrides: Any) -> LiveDaemon:
     paths = resolve_paths().ensure()
     config = Config(models_dirs=[models_dir], default_dirs=False, demo_model=False).with_overrides(**overrides)
-    daemon = Daemon(paths, config, catalog=build_catalog(paths, config), vault=vault or MemoryVault(),
-                    token_repository=token_repository)
+    daemon = Daemon(
+        paths,
+        config,
+        catalog=build_catalog(paths, config),
+        vault=vault or MemoryVault(),
+        token_repository=token_repository,
+    )
     daemon.start_background(daemon.bind(0))
     assert daemon.url
     return LiveDaemon(daemon, daemon.url)
@@ -113,22 +119,27 @@ def iter_sse(response: httpx.Response) -> Iterator[SSE | str]:
             continue
         if not line:
             if fields:
-                yield SSE(int(fields["id"]) if "id" in fields else None, fields.get("event", "message"),
-                          json.loads(fields.get("data", "null")))
+                yield SSE(
+                    int(fields["id"]) if "id" in fields else None,
+                    fields.get("event", "message"),
+                    json.loads(fields.get("data", "null")),
+                )
                 fields = {}
             continue
         name, _, value = line.partition(":")
-        fields[name] = value[1:] if value.startswith(" ") else value
+        fields[name] = value.removeprefix(" ")
 
 
 def stream_deltas(live: LiveDaemon, payload: dict[str, Any], timeout: float = 300) -> Iterator[SSE]:
     """Stream `POST /responses` on its own connection and yield each text delta as it arrives;
     leaving the loop closes the connection (the client disconnects)."""
-    with httpx.Client(base_url=live.url, timeout=timeout, headers=live.auth_headers) as c:
-        with c.stream("POST", "/responses", json=payload) as r:
-            for e in iter_sse(r):
-                if isinstance(e, SSE) and e.event == "response.output_text.delta":
-                    yield e
+    with (
+        httpx.Client(base_url=live.url, timeout=timeout, headers=live.auth_headers) as c,
+        c.stream("POST", "/responses", json=payload) as r,
+    ):
+        for e in iter_sse(r):
+            if isinstance(e, SSE) and e.event == "response.output_text.delta":
+                yield e
 
 
 def events(response: httpx.Response) -> list[SSE]:

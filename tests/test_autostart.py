@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lmsp_tray.autostart import (
+from lmsp_tray.desktop.autostart import (
     APPROVED_KEY,
     RUN_KEY,
     Autostart,
@@ -32,8 +32,9 @@ TRICKY = ["/opt/My Apps/lmsp tray/bin/lmsp-tray", "--name", 'a "q" $HOME `x` \\b
 
 
 def linux(home: Path, **env: str) -> Autostart:
-    return Autostart.for_platform("linux", environ={"HOME": str(home), **env}, home=home,
-                                  command=["/usr/bin/lmsp-tray"])
+    return Autostart.for_platform(
+        "linux", environ={"HOME": str(home), **env}, home=home, command=["/usr/bin/lmsp-tray"]
+    )
 
 
 # -- launch command -------------------------------------------------------------------------------
@@ -54,7 +55,9 @@ def test_launch_command_prefers_the_console_script_next_to_python(tmp_path):
     script.chmod(0o755)
     assert launch_command(frozen=False, executable=str(python), platform="linux") == [str(script)]
     assert launch_command(["--headless"], frozen=False, executable=str(python), platform="linux") == [
-        str(script), "--headless"]
+        str(script),
+        "--headless",
+    ]
 
 
 def test_launch_command_on_windows_uses_pythonw(tmp_path):
@@ -63,7 +66,10 @@ def test_launch_command_on_windows_uses_pythonw(tmp_path):
     assert launch_command(frozen=False, executable=str(python), platform="win32") == [str(tmp_path / "lmsp-tray.exe")]
     (tmp_path / "pythonw.exe").write_text("")
     assert launch_command(frozen=False, executable=str(python), platform="win32") == [
-        str(tmp_path / "pythonw.exe"), "-m", "lmsp_tray"]
+        str(tmp_path / "pythonw.exe"),
+        "-m",
+        "lmsp_tray",
+    ]
 
 
 def test_launch_command_of_this_process_runs_this_package():
@@ -91,7 +97,9 @@ def test_enable_status_disable_roundtrip(tmp_path):
     path = tmp_path / ".config" / "autostart" / "lmsp-tray.desktop"
     assert code == 0 and str(path) in msg and "/usr/bin/lmsp-tray" in msg
     text = path.read_text()
-    assert "Exec=/usr/bin/lmsp-tray\n" in text and "Type=Application" in text and "X-GNOME-Autostart-enabled=true" in text
+    assert (
+        "Exec=/usr/bin/lmsp-tray\n" in text and "Type=Application" in text and "X-GNOME-Autostart-enabled=true" in text
+    )
     assert auto.status() == AutostartStatus(True, True, "XDG autostart", str(path), ("/usr/bin/lmsp-tray",))
     code, msg = autostart_command("status", auto)
     assert code == 0 and msg.startswith("Start at login: enabled")
@@ -116,11 +124,12 @@ def test_real_process_environment_in_a_temp_home(tmp_path):
     """The module as the CLI will call it, in a fresh process whose HOME is a temp folder."""
     env = {k: v for k, v in os.environ.items() if k not in ("XDG_CONFIG_HOME",)}
     env.update(HOME=str(tmp_path), PYTHONPATH=str(ROOT))
-    script = "import sys; from lmsp_tray.autostart import autostart_command as a; c, m = a(sys.argv[1]); print(m); sys.exit(c)"
+    script = "import sys; from lmsp_tray.desktop.autostart import autostart_command as a; c, m = a(sys.argv[1]); print(m); sys.exit(c)"
 
     def run(action: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-c", script, action], env=env, capture_output=True, text=True,
-                              timeout=60, cwd=tmp_path)
+        return subprocess.run(
+            [sys.executable, "-c", script, action], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path
+        )
 
     assert "disabled" in run("status").stdout
     enabled = run("enable")
@@ -166,8 +175,13 @@ def test_a_desktop_launcher_runs_exactly_the_registered_argv(tmp_path):
     assert json.loads(marker.read_text()) == TRICKY[1:]
 
 
-@pytest.mark.parametrize("line,note", [("Hidden=true", "marked Hidden"),
-                                       ("X-GNOME-Autostart-enabled=false", "turned off in the desktop's startup settings")])
+@pytest.mark.parametrize(
+    "line,note",
+    [
+        ("Hidden=true", "marked Hidden"),
+        ("X-GNOME-Autostart-enabled=false", "turned off in the desktop's startup settings"),
+    ],
+)
 def test_status_honours_a_desktop_turning_it_off(tmp_path, line, note):
     auto = linux(tmp_path)
     auto.enable()
@@ -197,8 +211,9 @@ def test_bad_action_and_unsupported_platform(tmp_path):
 
 
 def test_launch_agent_plist(tmp_path):
-    auto = Autostart.for_platform("darwin", environ={}, home=tmp_path,
-                                  command=["/Applications/lmsp-tray.app/Contents/MacOS/lmsp-tray"])
+    auto = Autostart.for_platform(
+        "darwin", environ={}, home=tmp_path, command=["/Applications/lmsp-tray.app/Contents/MacOS/lmsp-tray"]
+    )
     assert isinstance(auto.backend, LaunchAgent) and not auto.status().enabled
     code, msg = autostart_command("enable", auto)
     path = tmp_path / "Library" / "LaunchAgents" / "dev.lmsp-tray.plist"
@@ -266,9 +281,12 @@ def test_windows_task_manager_off_is_shown_and_enable_lifts_it(tmp_path):
     assert auto.status().enabled
 
 
-@pytest.mark.parametrize("argv", [
-    [r"C:\Program Files\Python311\pythonw.exe", "-m", "lmsp_tray"],
-    [r"C:\a b\x.exe", 'say "hi"', "trail\\", r"back\\slash", ""],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [r"C:\Program Files\Python311\pythonw.exe", "-m", "lmsp_tray"],
+        [r"C:\a b\x.exe", 'say "hi"', "trail\\", r"back\\slash", ""],
+    ],
+)
 def test_windows_command_line_roundtrip(argv):
     assert split_windows_cmdline(subprocess.list2cmdline(argv)) == argv

@@ -6,19 +6,24 @@ import concurrent.futures as cf
 import threading
 
 import httpx
-
 from support import SLOW_ID, SSE, TINY_ID, LiveDaemon, body, events, iter_sse, stream_deltas
 
 PROMPTS = ["hello world", "the local model", "a test of the stream", "weather in the city"]
 
 
-def run_stream(live: LiveDaemon, prompt: str, tokens: int, model: str = TINY_ID, seed: int | None = None,
-               temperature: float = 0.0) -> tuple[str, list[SSE]]:
+def run_stream(
+    live: LiveDaemon, prompt: str, tokens: int, model: str = TINY_ID, seed: int | None = None, temperature: float = 0.0
+) -> tuple[str, list[SSE]]:
     extra = {"extensions": {"lmsp_tray": {"seed": seed}}} if seed is not None else {}
-    with httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as c:
-        with c.stream("POST", "/responses", json=body(prompt, model=model, max_output_tokens=tokens, stream=True,
-                                                      temperature=temperature, **extra)) as r:
-            evs = events(r)
+    with (
+        httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as c,
+        c.stream(
+            "POST",
+            "/responses",
+            json=body(prompt, model=model, max_output_tokens=tokens, stream=True, temperature=temperature, **extra),
+        ) as r,
+    ):
+        evs = events(r)
     text = "".join(e.data["delta"] for e in evs if e.event == "response.output_text.delta")
     return text, evs
 
@@ -43,8 +48,10 @@ def test_sampled_output_with_seed_is_reproducible_in_a_batch(daemon_factory) -> 
     live = daemon_factory(parallel=4)
     alone = run_stream(live, PROMPTS[0], 30, seed=1234, temperature=1.0)[0]
     with cf.ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(run_stream, live, PROMPTS[i % 4], 30, TINY_ID, 1234 if i == 0 else 99 + i, 1.0)
-                   for i in range(4)]
+        futures = [
+            pool.submit(run_stream, live, PROMPTS[i % 4], 30, TINY_ID, 1234 if i == 0 else 99 + i, 1.0)
+            for i in range(4)
+        ]
         texts = [f.result()[0] for f in futures]
     assert texts[0] == alone
 
@@ -70,16 +77,19 @@ def test_cancelling_one_sequence_leaves_the_others_unchanged(daemon_factory) -> 
     started = threading.Event()
 
     def cancelled_one() -> None:
-        with httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as c:
-            with c.stream("POST", "/responses",
-                          json=body(PROMPTS[0], model=SLOW_ID, max_output_tokens=3000, stream=True)) as r:
-                n = 0
-                for e in iter_sse(r):
-                    if isinstance(e, SSE) and e.event == "response.output_text.delta":
-                        started.set()
-                        n += 1
-                        if n == 30:
-                            return  # hang up mid-generation while the others run
+        with (
+            httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as c,
+            c.stream(
+                "POST", "/responses", json=body(PROMPTS[0], model=SLOW_ID, max_output_tokens=3000, stream=True)
+            ) as r,
+        ):
+            n = 0
+            for e in iter_sse(r):
+                if isinstance(e, SSE) and e.event == "response.output_text.delta":
+                    started.set()
+                    n += 1
+                    if n == 30:
+                        return  # hang up mid-generation while the others run
 
     with cf.ThreadPoolExecutor(4) as pool:
         victim = pool.submit(cancelled_one)
@@ -103,7 +113,7 @@ def test_short_request_is_not_starved_by_a_long_one(daemon_factory) -> None:
     worker = threading.Thread(target=long_one)
     worker.start()
     assert first_delta.wait(60)
-    text, evs = run_stream(live, PROMPTS[1], 5, model=SLOW_ID)
+    _text, evs = run_stream(live, PROMPTS[1], 5, model=SLOW_ID)
     order.append("short")
     worker.join(300)
     assert evs[-1].data["usage"]["output_tokens"] == 5

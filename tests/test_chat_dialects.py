@@ -8,9 +8,9 @@ from pathlib import Path
 
 import llama_cpp
 import pytest
-
 from chat_templates import DEEPSEEK_R1, LLAMA31, MISTRAL, QWEN3
 from gguf_factory import CHATML_TEMPLATE, write_tiny_gguf
+
 from lmsp_tray.chat import dialects
 from lmsp_tray.chat.trigger import CallTrigger
 from lmsp_tray.engine.templates import BUILTIN_TEMPLATES, ChatTemplate
@@ -28,8 +28,11 @@ HISTORY = [
 
 def render(source: str | None, builtin: str = "chatml", **kwargs: object) -> str:
     dialect = dialects.detect(source)
-    template = ChatTemplate(source, "model", "<s>", "</s>") if source else ChatTemplate(
-        BUILTIN_TEMPLATES[builtin], builtin, "<bos>", "<eos>")
+    template = (
+        ChatTemplate(source, "model", "<s>", "</s>")
+        if source
+        else ChatTemplate(BUILTIN_TEMPLATES[builtin], builtin, "<bos>", "<eos>")
+    )
     extra = None if dialect.native else dialects.instruction([TOOL], "auto")
     messages = dialects.conversation(HISTORY, dialect, extra_system=extra)
     tools = dialects.tool_specs([TOOL]) if dialect.native else None
@@ -53,7 +56,7 @@ def test_qwen3_renders_tools_calls_and_results() -> None:
     text = render(QWEN3)
     assert "<tools>\n" in text and '"name": "get_weather"' in text
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
-    assert "<|im_start|>user\n<tool_response>\n{\"temp\": 17}\n</tool_response><|im_end|>" in text
+    assert '<|im_start|>user\n<tool_response>\n{"temp": 17}\n</tool_response><|im_end|>' in text
     assert render(QWEN3, enable_thinking=False).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
@@ -76,9 +79,10 @@ def test_templates_without_tools_get_the_builtin_instruction() -> None:
     text = render(None, "gemma")
     assert text.count("<tools>\n") == 1 and "<tool_call></tool_call> XML tags" in text
     assert "<start_of_turn>model\n<tool_call>\n" in text  # the earlier call, as text
-    assert "<start_of_turn>user\n<tool_response>\n{\"temp\": 17}\n</tool_response>" in text
-    assert "You must call the function 'get_weather'" in dialects.instruction([TOOL], {"type": "function",
-                                                                                       "name": "get_weather"})
+    assert '<start_of_turn>user\n<tool_response>\n{"temp": 17}\n</tool_response>' in text
+    assert "You must call the function 'get_weather'" in dialects.instruction(
+        [TOOL], {"type": "function", "name": "get_weather"}
+    )
 
 
 def test_trigger_fires_at_the_marker_outside_thinking_once() -> None:
@@ -147,8 +151,11 @@ class _Model:
     """Just what a plan reads from a loaded model: its template and marker tokens."""
 
     def __init__(self, source: str | None, builtin: str = "chatml") -> None:
-        self.template = ChatTemplate(source, "model", "<s>", "</s>") if source else ChatTemplate(
-            BUILTIN_TEMPLATES[builtin], builtin, "<s>", "</s>")
+        self.template = (
+            ChatTemplate(source, "model", "<s>", "</s>")
+            if source
+            else ChatTemplate(BUILTIN_TEMPLATES[builtin], builtin, "<s>", "</s>")
+        )
 
     def find_token(self, text: str) -> int | None:
         return {"<|python_tag|>": 7}.get(text)
@@ -176,11 +183,13 @@ def test_plans_choose_grammar_parallelism_and_thinking() -> None:
     assert "h-call)*" in (_plan(None, tool_choice="required", parallel_tool_calls=True).grammar or "")
     named = _plan(QWEN3, tool_choice={"type": "function", "name": "get_weather"}).grammar or ""
     assert "h-call)*" not in named and "think ::=" in named  # Qwen3 may think first
-    assert _plan(QWEN3, tool_choice="none").grammar is None and _plan(QWEN3, tool_choice="none").parser_config.syntax is None
+    assert (
+        _plan(QWEN3, tool_choice="none").grammar is None
+        and _plan(QWEN3, tool_choice="none").parser_config.syntax is None
+    )
     llama = _plan(LLAMA31, tool_choice="required")
     assert llama.visible_tokens == frozenset({7})  # <|python_tag|> is a control token the parser must see
-    off = _plan(DEEPSEEK_R1, extensions={"lmsp_tray": {"reasoning": False}},
-                response_format={"type": "json_object"})
+    off = _plan(DEEPSEEK_R1, extensions={"lmsp_tray": {"reasoning": False}}, response_format={"type": "json_object"})
     assert off.prompt.endswith("<think>\n</think>\n\n") and "think" not in (off.grammar or "")
     on = _plan(DEEPSEEK_R1, response_format={"type": "json_object"})
     assert on.parser_config.start_in_think and "root ::= think" in (on.grammar or "")

@@ -21,7 +21,7 @@ R1 = ParserConfig(think=THINK, start_in_think=True)
 
 def parse(cfg: ParserConfig, text: str, *, live: bool = False, size: int | None = None) -> list[Op]:
     parser = OutputParser(cfg, lambda: live)
-    pieces = [text] if size is None else [text[i:i + size] for i in range(0, len(text), size)]
+    pieces = [text] if size is None else [text[i : i + size] for i in range(0, len(text), size)]
     ops: list[Op] = []
     for piece in pieces:
         ops += parser.feed(piece)
@@ -47,51 +47,97 @@ CASES = [
     # thinking (Qwen3 / R1)
     (QWEN, "<think>\nhmm, ok\n</think>\n\nAnswer.", [("reasoning", "hmm, ok"), ("text", "Answer.")]),
     (QWEN, "<think>cut short", [("reasoning", "cut short")]),
-    (R1, "inside\n</think>\n\n{\"a\": 1}", [("reasoning", "inside"), ("text", '{"a": 1}')]),
+    (R1, 'inside\n</think>\n\n{"a": 1}', [("reasoning", "inside"), ("text", '{"a": 1}')]),
     (R1, "</think>Only the answer", [("text", "Only the answer")]),
     # Hermes / Qwen calls
-    (QWEN, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
-     call("get_weather", '{"city": "Paris"}')),
-    (QWEN, '<think>plan</think>\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": [2, "}"]}}\n</tool_call>',
-     [("reasoning", "plan"), *call("add", '{"a": 1, "b": [2, "}"]}')]),
-    (QWEN, 'Let me check.\n<tool_call>{"name": "get_weather", "arguments": {"city": "A"}}</tool_call>',
-     [("text", "Let me check."), *call("get_weather", '{"city": "A"}')]),
-    (QWEN, '<tool_call>{"name": "get_weather", "arguments": {"city": "A"}}</tool_call>\n'
-           '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>',
-     call("get_weather", '{"city": "A"}') + call("add", '{"a": 1}')),
+    (
+        QWEN,
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+        call("get_weather", '{"city": "Paris"}'),
+    ),
+    (
+        QWEN,
+        '<think>plan</think>\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": [2, "}"]}}\n</tool_call>',
+        [("reasoning", "plan"), *call("add", '{"a": 1, "b": [2, "}"]}')],
+    ),
+    (
+        QWEN,
+        'Let me check.\n<tool_call>{"name": "get_weather", "arguments": {"city": "A"}}</tool_call>',
+        [("text", "Let me check."), *call("get_weather", '{"city": "A"}')],
+    ),
+    (
+        QWEN,
+        (
+            '<tool_call>{"name": "get_weather", "arguments": {"city": "A"}}</tool_call>\n'
+            '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
+        ),
+        call("get_weather", '{"city": "A"}') + call("add", '{"a": 1}'),
+    ),
     (QWEN, '<tool_call>{"name": "add", "arguments": "{\\"a\\": 2}"}</tool_call>', call("add", '{"a": 2}')),
     (QWEN, '<tool_call>{"name": "add", "arguments": {"a": 1}}', call("add", '{"a": 1}')),  # no closing tag
     # malformed: the text stays a message, nothing raises
-    (QWEN, '<tool_call>{"name": "get_weather", "arguments": {"city": "A"',  # cut short
-     [("text", '<tool_call>{"name": "get_weather", "arguments": {"city": "A"')]),
-    (QWEN, '<tool_call>{"name": "nope", "arguments": {}}</tool_call> after',
-     [("text", '<tool_call>{"name": "nope", "arguments": {}}</tool_call> after')]),
+    (
+        QWEN,
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "A"',  # cut short
+        [("text", '<tool_call>{"name": "get_weather", "arguments": {"city": "A"')],
+    ),
+    (
+        QWEN,
+        '<tool_call>{"name": "nope", "arguments": {}}</tool_call> after',
+        [("text", '<tool_call>{"name": "nope", "arguments": {}}</tool_call> after')],
+    ),
     (QWEN, "<tool_call>{bad json}</tool_call> tail", [("text", "<tool_call>{bad json}</tool_call> tail")]),
     (QWEN, "<tool_call>not json at all", [("text", "<tool_call>not json at all")]),
-    (QWEN, '<tool_call>{"name": "add", "arguments": [1, 2]}</tool_call>',
-     [("text", '<tool_call>{"name": "add", "arguments": [1, 2]}</tool_call>')]),
+    (
+        QWEN,
+        '<tool_call>{"name": "add", "arguments": [1, 2]}</tool_call>',
+        [("text", '<tool_call>{"name": "add", "arguments": [1, 2]}</tool_call>')],
+    ),
     (QWEN, "<tool_call>", [("text", "<tool_call>")]),
     # Llama 3: bare JSON at the start, or after <|python_tag|>
     (LLAMA, '{"name": "get_weather", "parameters": {"city": "X"}}', call("get_weather", '{"city": "X"}')),
     (LLAMA, '<|python_tag|>{"name": "get_weather", "parameters": {"city": "X"}}', call("get_weather", '{"city": "X"}')),
-    (LLAMA, '{"name": "get_weather", "parameters": {"city": "X"}}; {"name": "add", "parameters": {"a": 2}}',
-     call("get_weather", '{"city": "X"}') + call("add", '{"a": 2}')),
+    (
+        LLAMA,
+        '{"name": "get_weather", "parameters": {"city": "X"}}; {"name": "add", "parameters": {"a": 2}}',
+        call("get_weather", '{"city": "X"}') + call("add", '{"a": 2}'),
+    ),
     (LLAMA, '{"answer": 42}', [("text", '{"answer": 42}')]),
-    (LLAMA, 'Sure: {"name": "get_weather", "parameters": {}}', [("text", 'Sure: {"name": "get_weather", "parameters": {}}')]),
+    (
+        LLAMA,
+        'Sure: {"name": "get_weather", "parameters": {}}',
+        [("text", 'Sure: {"name": "get_weather", "parameters": {}}')],
+    ),
     (LLAMA, '<|python_tag|>brave_search.call(query="x")', [("text", '<|python_tag|>brave_search.call(query="x")')]),
-    (LLAMA, '{"name": "get_weather", "parameters": {"city"', [("text", '{"name": "get_weather", "parameters": {"city"')]),
+    (
+        LLAMA,
+        '{"name": "get_weather", "parameters": {"city"',
+        [("text", '{"name": "get_weather", "parameters": {"city"')],
+    ),
     # Mistral
-    (MIS, '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "X"}}, {"name": "add", "arguments": {"a": 1}}]',
-     call("get_weather", '{"city": "X"}') + call("add", '{"a": 1}')),
-    (MIS, '[TOOL_CALLS] [{"name": "add", "arguments": {"a": 1}}] and then text',
-     call("add", '{"a": 1}') + [("text", "and then text")]),
+    (
+        MIS,
+        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "X"}}, {"name": "add", "arguments": {"a": 1}}]',
+        call("get_weather", '{"city": "X"}') + call("add", '{"a": 1}'),
+    ),
+    (
+        MIS,
+        '[TOOL_CALLS] [{"name": "add", "arguments": {"a": 1}}] and then text',
+        call("add", '{"a": 1}') + [("text", "and then text")],
+    ),
     (MIS, "[TOOL_CALLS]oops", [("text", "[TOOL_CALLS]oops")]),
-    (MIS11, '[TOOL_CALLS]get_weather[ARGS]{"city": "X"}[TOOL_CALLS]add[ARGS]{"a": 1}',
-     call("get_weather", '{"city": "X"}') + call("add", '{"a": 1}')),
+    (
+        MIS11,
+        '[TOOL_CALLS]get_weather[ARGS]{"city": "X"}[TOOL_CALLS]add[ARGS]{"a": 1}',
+        call("get_weather", '{"city": "X"}') + call("add", '{"a": 1}'),
+    ),
     (MIS11, "[TOOL_CALLS]unknown[ARGS]{}", [("text", "[TOOL_CALLS]unknown[ARGS]{}")]),
     # calls are not parsed at all when tools are off
-    (ParserConfig(think=THINK), '<tool_call>{"name": "add", "arguments": {}}</tool_call>',
-     [("text", '<tool_call>{"name": "add", "arguments": {}}</tool_call>')]),
+    (
+        ParserConfig(think=THINK),
+        '<tool_call>{"name": "add", "arguments": {}}</tool_call>',
+        [("text", '<tool_call>{"name": "add", "arguments": {}}</tool_call>')],
+    ),
 ]
 
 

@@ -44,8 +44,12 @@ def test_unbounded_integers_stay_short_and_canonical() -> None:
     assert not rx.fullmatch("12344") and not rx.fullmatch("012345")
 
 
-DECIMALS = [f"{sign}{i}{frac}" for sign in ("", "-") for i in range(0, 14)
-            for frac in ("", ".0", ".00", ".5", ".05", ".999", ".000001", ".1")]
+DECIMALS = [
+    f"{sign}{i}{frac}"
+    for sign in ("", "-")
+    for i in range(14)
+    for frac in ("", ".0", ".00", ".5", ".05", ".999", ".000001", ".1")
+]
 
 
 @pytest.mark.parametrize("lo_ex, hi_ex", [(False, False), (True, False), (False, True), (True, True)])
@@ -73,7 +77,7 @@ def test_text_without_marker_never_contains_it() -> None:
         g = Grammar()
         rule = text_without(g, marker, "t")
         states = dict(g.rules)
-        for length in range(0, 5):  # every short string over the marker's letters (and one other)
+        for length in range(5):  # every short string over the marker's letters (and one other)
             for chars in itertools.product(sorted(set(marker)) + ["x"], repeat=length):
                 text = "".join(chars)
                 assert _accepts(states, rule, text) == (marker not in text), (marker, text)
@@ -139,13 +143,24 @@ def test_refusals_name_the_keyword(schema: object, path: tuple) -> None:
 ACCEPTED = [
     {},
     True,
-    {"type": "object", "title": "T", "description": "d", "x-vendor": 1, "$schema": "https://json-schema.org/draft/2020-12/schema"},
+    {
+        "type": "object",
+        "title": "T",
+        "description": "d",
+        "x-vendor": 1,
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+    },
     {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None, "title": "Maybe"},
     {"type": "integer", "multipleOf": 1},
     {"type": "object", "properties": {"a": {"type": "number", "minimum": 0.5, "maximum": 9.5}}},
-    {"oneOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}], "discriminator": {"propertyName": "t"},
-     "$defs": {"a": {"type": "object", "properties": {"t": {"const": "a"}}, "required": ["t"]},
-               "b": {"type": "object", "properties": {"t": {"const": "b"}}, "required": ["t"]}}},
+    {
+        "oneOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}],
+        "discriminator": {"propertyName": "t"},
+        "$defs": {
+            "a": {"type": "object", "properties": {"t": {"const": "a"}}, "required": ["t"]},
+            "b": {"type": "object", "properties": {"t": {"const": "b"}}, "required": ["t"]},
+        },
+    },
     {"type": "array", "prefixItems": [{"type": "integer"}], "minItems": 1, "maxItems": 3, "items": {"type": "string"}},
     {"type": "object", "additionalProperties": {"type": "boolean"}, "minProperties": 1, "maxProperties": 2},
     {"type": "integer", "minimum": -1e300, "maximum": 1e300},
@@ -159,5 +174,5 @@ def test_accepted_schemas_compile(schema: object) -> None:
     g, rule = compile_schema(schema)
     text = g.text(rule)
     assert rule in text
-    for name in re.findall(r"^([a-zA-Z0-9-]+) ::=", text, re.M):
+    for name in re.findall(r"^([a-zA-Z0-9-]+) ::=", text, re.MULTILINE):
         assert name in g.rules

@@ -14,13 +14,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from support import TINY_ID, free_port, iter_sse, SSE, cli_token as make_token
+from support import SSE, TINY_ID, free_port, iter_sse
+from support import cli_token as make_token
 
 
 def run_cli(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lmsp_tray", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "lmsp_tray", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture
@@ -28,8 +29,16 @@ def env(tmp_path: Path) -> dict[str, str]:
     home = tmp_path / "user"
     home.mkdir()
     e = {k: v for k, v in os.environ.items() if k not in {"DISPLAY", "WAYLAND_DISPLAY", "XDG_RUNTIME_DIR"}}
-    e.update({"LMSP_TRAY_HOME": str(tmp_path / "lmsp"), "HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"),
-              "HF_HOME": str(home / "hf"), "OLLAMA_MODELS": str(home / "ollama"), "PYTHONUNBUFFERED": "1"})
+    e.update(
+        {
+            "LMSP_TRAY_HOME": str(tmp_path / "lmsp"),
+            "HOME": str(home),
+            "XDG_CACHE_HOME": str(home / ".cache"),
+            "HF_HOME": str(home / "hf"),
+            "OLLAMA_MODELS": str(home / "ollama"),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     return e
 
 
@@ -82,8 +91,17 @@ def test_bad_config_is_one_clear_line(env: dict[str, str], tmp_path: Path) -> No
 
 def test_serve_single_instance_and_clean_sigterm(env: dict[str, str], models_dir: Path, tmp_path: Path) -> None:
     port = free_port()
-    args = [sys.executable, "-m", "lmsp_tray", "serve", "--port", str(port), "--models-dir", str(models_dir),
-            "--no-default-dirs"]
+    args = [
+        sys.executable,
+        "-m",
+        "lmsp_tray",
+        "serve",
+        "--port",
+        str(port),
+        "--models-dir",
+        str(models_dir),
+        "--no-default-dirs",
+    ]
     headers = cli_token(env)
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}/lmsp/v1"
@@ -102,8 +120,11 @@ def test_serve_single_instance_and_clean_sigterm(env: dict[str, str], models_dir
         # An open stream gets its terminal event when the service is asked to stop.
         with httpx.Client(timeout=60, headers=headers) as c:
             c.post(f"{url}/models/slow-test:4m-f32/load").raise_for_status()
-            with c.stream("POST", f"{url}/responses", json={"model": "slow-test:4m-f32", "input": "x",
-                                                            "max_output_tokens": 4000, "stream": True}) as r:
+            with c.stream(
+                "POST",
+                f"{url}/responses",
+                json={"model": "slow-test:4m-f32", "input": "x", "max_output_tokens": 4000, "stream": True},
+            ) as r:
                 it = iter_sse(r)
                 next(e for e in it if isinstance(e, SSE) and e.event == "response.output_text.delta")
                 proc.send_signal(signal.SIGTERM)
@@ -133,8 +154,13 @@ def test_demo_model_when_user_has_none(env: dict[str, str], gemma_gguf: Path) ->
     """No models anywhere: the demo extra's Gemma file is assembled once, with progress, and served."""
     port = free_port()
     headers = cli_token(env, "models:read")
-    proc = subprocess.Popen([sys.executable, "-m", "lmsp_tray", "serve", "--port", str(port)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lmsp_tray", "serve", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}/lmsp/v1"
     try:
         wait_url(url, proc, timeout=120)

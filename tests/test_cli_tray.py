@@ -16,7 +16,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from support import TINY_ID, cli_token
 
 
@@ -24,10 +23,21 @@ from support import TINY_ID, cli_token
 def env(tmp_path: Path) -> dict[str, str]:
     home = tmp_path / "user"
     home.mkdir()
-    e = {k: v for k, v in os.environ.items()
-         if k not in {"DISPLAY", "WAYLAND_DISPLAY", "XDG_RUNTIME_DIR", "PYSTRAY_BACKEND", "DBUS_SESSION_BUS_ADDRESS"}}
-    e.update({"LMSP_TRAY_HOME": str(tmp_path / "lmsp"), "HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"),
-              "HF_HOME": str(home / "hf"), "OLLAMA_MODELS": str(home / "ollama"), "PYTHONUNBUFFERED": "1"})
+    e = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"DISPLAY", "WAYLAND_DISPLAY", "XDG_RUNTIME_DIR", "PYSTRAY_BACKEND", "DBUS_SESSION_BUS_ADDRESS"}
+    }
+    e.update(
+        {
+            "LMSP_TRAY_HOME": str(tmp_path / "lmsp"),
+            "HOME": str(home),
+            "XDG_CACHE_HOME": str(home / ".cache"),
+            "HF_HOME": str(home / "hf"),
+            "OLLAMA_MODELS": str(home / "ollama"),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     return e
 
 
@@ -43,8 +53,12 @@ def run_bare(env: dict[str, str], models_dir: Path, tmp_path: Path) -> tuple[str
     log = tmp_path / "out.txt"
     auth = {"Authorization": f"Bearer {cli_token([sys.executable, '-m', 'lmsp_tray'], env, 'models:read')}"}
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "lmsp_tray", "--port", "0", "--models-dir", str(models_dir),
-                                 "--no-default-dirs"], env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lmsp_tray", "--port", "0", "--models-dir", str(models_dir), "--no-default-dirs"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     discovery = tmp_path / "lmsp" / "run" / "service.json"
     try:
         deadline = time.monotonic() + 60
@@ -68,8 +82,12 @@ def run_bare(env: dict[str, str], models_dir: Path, tmp_path: Path) -> tuple[str
 def test_no_display_one_line_then_headless(env, models_dir, tmp_path):
     url, text = run_bare(env, models_dir, tmp_path)
     lines = [line for line in text.splitlines() if "headless" in line]
-    assert lines == [f"lmsp-tray: no display (DISPLAY and WAYLAND_DISPLAY are not set) \u2014 running headless "
-                     f"without a tray icon; serving {url}. Stop it with Ctrl+C."]
+    assert lines == [
+        (
+            f"lmsp-tray: no display (DISPLAY and WAYLAND_DISPLAY are not set) \u2014 running headless "
+            f"without a tray icon; serving {url}. Stop it with Ctrl+C."
+        )
+    ]
     assert "from the system tray" not in text and "Traceback" not in text
 
 

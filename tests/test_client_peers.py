@@ -5,7 +5,6 @@ from __future__ import annotations
 import httpx
 import openai
 from httpx_sse import connect_sse
-
 from support import TINY_ID
 
 
@@ -30,8 +29,13 @@ def test_openai_sdk_sync_and_stream(daemon) -> None:
     # The SDK's accumulating helper rebuilds the response from the events (it wants a completed
     # response: stop on a piece of the known output).
     stop = resp.output_text[2:4]
-    with client.responses.stream(model=TINY_ID, input="Say hi", max_output_tokens=6, temperature=0,
-                                 extra_body={"extensions": {"lmsp_tray": {"stop": [stop]}}}) as s:
+    with client.responses.stream(
+        model=TINY_ID,
+        input="Say hi",
+        max_output_tokens=6,
+        temperature=0,
+        extra_body={"extensions": {"lmsp_tray": {"stop": [stop]}}},
+    ) as s:
         for _ in s:
             pass
         final = s.get_final_response()
@@ -51,9 +55,15 @@ def test_openai_sdk_sees_problem_documents(daemon) -> None:
 
 
 def test_httpx_sse_client(daemon) -> None:
-    with httpx.Client(timeout=30, headers=daemon.auth_headers) as c:
-        with connect_sse(c, "POST", f"{daemon.url}/responses",
-                         json={"model": TINY_ID, "input": "x", "stream": True, "max_output_tokens": 4}) as source:
-            evs = list(source.iter_sse())
+    with (
+        httpx.Client(timeout=30, headers=daemon.auth_headers) as c,
+        connect_sse(
+            c,
+            "POST",
+            f"{daemon.url}/responses",
+            json={"model": TINY_ID, "input": "x", "stream": True, "max_output_tokens": 4},
+        ) as source,
+    ):
+        evs = list(source.iter_sse())
     assert [int(e.id) for e in evs] == list(range(1, len(evs) + 1))
     assert evs[-1].event == "response.incomplete"

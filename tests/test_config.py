@@ -26,8 +26,10 @@ def test_platformdirs_without_home(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 def test_config_file_values(tmp_path: Path) -> None:
     paths = resolve_paths({"LMSP_TRAY_HOME": str(tmp_path)}).ensure()
-    paths.config_file.write_text('port = 9000\nkeep-alive = "10m"\nmodels_dirs = ["~/m"]\ncontext_cap = 4096\n'
-                                 'gpu = "off"\nallowed_origins = ["http://localhost:3000/"]\n')
+    paths.config_file.write_text(
+        'port = 9000\nkeep-alive = "10m"\nmodels_dirs = ["~/m"]\ncontext_cap = 4096\n'
+        'gpu = "off"\nallowed_origins = ["http://localhost:3000/"]\n'
+    )
     config = load_config(paths)
     assert config.port == 9000 and config.keep_alive == 600 and config.context_cap == 4096
     assert config.models_dirs == [Path("~/m").expanduser()] and config.gpu == "off"

@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 from support import start_daemon
 from tools_support import QWEN_ID, WEATHER, output_of, seeded, validate_call, write_family_models
 
@@ -17,27 +16,55 @@ def test_tool_result_continues_the_stored_call(tmp_path: Path, monkeypatch) -> N
     live = start_daemon(write_family_models(tmp_path / "models"), parallel=2, threads=1)
     try:
         with httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as c:
-            first = c.post("/responses", json={
-                "model": QWEN_ID, "input": "Weather in Paris, in celsius?", "tools": [WEATHER],
-                "tool_choice": "required", "temperature": 0.8, "extensions": seeded(1), "max_output_tokens": 200,
-                "store": True}).json()
+            first = c.post(
+                "/responses",
+                json={
+                    "model": QWEN_ID,
+                    "input": "Weather in Paris, in celsius?",
+                    "tools": [WEATHER],
+                    "tool_choice": "required",
+                    "temperature": 0.8,
+                    "extensions": seeded(1),
+                    "max_output_tokens": 200,
+                    "store": True,
+                },
+            ).json()
             assert first["status"] == "completed", first
             [call] = list(output_of("function_call", first))
             args = validate_call(call, [WEATHER])
-            result = {"type": "function_call_output", "call_id": call["call_id"],
-                      "output": json.dumps({"city": args["city"], "temperature": 17})}
+            result = {
+                "type": "function_call_output",
+                "call_id": call["call_id"],
+                "output": json.dumps({"city": args["city"], "temperature": 17}),
+            }
             # Only the tool's result is sent: the call itself comes from the stored response.
-            turn = {"model": QWEN_ID, "input": [result], "previous_response_id": first["id"], "tools": [WEATHER],
-                    "tool_choice": "none", "temperature": 0.8, "extensions": seeded(2), "max_output_tokens": 24,
-                    "store": True}
+            turn = {
+                "model": QWEN_ID,
+                "input": [result],
+                "previous_response_id": first["id"],
+                "tools": [WEATHER],
+                "tool_choice": "none",
+                "temperature": 0.8,
+                "extensions": seeded(2),
+                "max_output_tokens": 24,
+                "store": True,
+            }
             second = c.post("/responses", json=turn)
             assert second.status_code == 200, second.text
             doc = second.json()
             assert list(output_of("message", doc))
             # It is the very prompt the client would get by sending the whole history itself.
-            explicit = {**turn, "previous_response_id": None, "store": False, "max_output_tokens": 1,
-                        "input": [{"role": "user", "content": "Weather in Paris, in celsius?"}, *[
-                            i for i in first["output"] if i["type"] in ("reasoning", "function_call")], result]}
+            explicit = {
+                **turn,
+                "previous_response_id": None,
+                "store": False,
+                "max_output_tokens": 1,
+                "input": [
+                    {"role": "user", "content": "Weather in Paris, in celsius?"},
+                    *[i for i in first["output"] if i["type"] in ("reasoning", "function_call")],
+                    result,
+                ],
+            }
             whole = c.post("/responses", json=explicit)
             assert whole.status_code == 200, whole.text
             assert whole.json()["usage"]["input_tokens"] == doc["usage"]["input_tokens"]

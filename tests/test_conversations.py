@@ -8,7 +8,6 @@ and the loaded model reuses the chain's prefix from its KV cache.
 from __future__ import annotations
 
 import httpx
-
 from support import TINY_ID, body, events
 
 
@@ -48,8 +47,9 @@ def test_not_stored_without_store(client: httpx.Client) -> None:
 
 
 def test_streamed_response_is_stored_before_its_terminal_event(client: httpx.Client) -> None:
-    with client.stream("POST", "/responses", json=body("stream and keep", max_output_tokens=6, stream=True,
-                                                         store=True)) as r:
+    with client.stream(
+        "POST", "/responses", json=body("stream and keep", max_output_tokens=6, stream=True, store=True)
+    ) as r:
         for e in events(r):
             if e.event in ("response.completed", "response.incomplete"):
                 # The connection is still open: the stored copy must already be readable.
@@ -83,9 +83,10 @@ def test_three_turn_conversation(daemon_factory) -> None:
         # Sending the whole conversation explicitly renders the very same prompt.
         explicit = []
         for text, doc in zip(turns, docs[:2]):
-            explicit += [{"role": "user", "content": text},
-                         {"type": "message", "role": "assistant",
-                          "content": [{"type": "output_text", "text": text_of(doc)}]}]
+            explicit += [
+                {"role": "user", "content": text},
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text_of(doc)}]},
+            ]
         explicit.append({"role": "user", "content": turns[2]})
         r = c.post("/responses", json={"model": TINY_ID, "input": explicit, "temperature": 0, "max_output_tokens": 8})
         assert r.status_code == 200
@@ -102,11 +103,14 @@ def test_three_turn_conversation(daemon_factory) -> None:
 
 
 def test_instructions_are_not_carried_over(client: httpx.Client) -> None:
-    first = client.post("/responses", json=body("hi", instructions="Answer briefly.", max_output_tokens=4,
-                                                 store=True)).json()
+    first = client.post(
+        "/responses", json=body("hi", instructions="Answer briefly.", max_output_tokens=4, store=True)
+    ).json()
     plain = client.post("/responses", json=body("next", previous_response_id=first["id"], max_output_tokens=4)).json()
-    again = client.post("/responses", json=body("next", previous_response_id=first["id"], max_output_tokens=4,
-                                                instructions="Answer briefly.")).json()
+    again = client.post(
+        "/responses",
+        json=body("next", previous_response_id=first["id"], max_output_tokens=4, instructions="Answer briefly."),
+    ).json()
     assert again["usage"]["input_tokens"] > plain["usage"]["input_tokens"]
 
 

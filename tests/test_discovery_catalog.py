@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from discovery_support import (
     cut,
     hf_snapshot_file,
@@ -24,6 +23,7 @@ from discovery_support import (
     write_vocab_only,
 )
 from gguf_factory import write_tiny_gguf
+
 from lmsp_tray.config import Config, Paths
 from lmsp_tray.discovery.catalog import Catalog, header_cache_file
 from lmsp_tray.discovery.entry import ModelEntry
@@ -38,8 +38,9 @@ class World:
 
     def catalog(self, **config: object) -> Catalog:
         cfg = Config(models_dirs=[self.custom], **config)  # type: ignore[arg-type]
-        return Catalog.from_config(self.paths, cfg, environ={}, home=self.home, platform="linux",
-                                   include_system=False, workers=2)
+        return Catalog.from_config(
+            self.paths, cfg, environ={}, home=self.home, platform="linux", include_system=False, workers=2
+        )
 
 
 def _suffix(path: Path) -> str:
@@ -57,15 +58,27 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     f["own"] = write_tiny_gguf(paths.models_dir / "own.gguf", basename="own", size_label="2M", file_type=7)
     # LM Studio: publisher/repo/file, and the legacy folder with a metadata-less file
     lms = home / ".lmstudio" / "models"
-    f["lms"] = write_tiny_gguf(lms / "lmstudio-community" / "Tiny-GGUF" / "tiny-Q4_K_M.gguf",
-                               basename="Tiny Chat", size_label="1M", file_type=15)
-    f["legacy"] = write_tiny_gguf(home / ".cache" / "lm-studio" / "models" / "TheBloke" / "Old-GGUF" /
-                                  "Old-Model.Q5_K_M.gguf", basename=None, size_label=None, file_type=None)
+    f["lms"] = write_tiny_gguf(
+        lms / "lmstudio-community" / "Tiny-GGUF" / "tiny-Q4_K_M.gguf",
+        basename="Tiny Chat",
+        size_label="1M",
+        file_type=15,
+    )
+    f["legacy"] = write_tiny_gguf(
+        home / ".cache" / "lm-studio" / "models" / "TheBloke" / "Old-GGUF" / "Old-Model.Q5_K_M.gguf",
+        basename=None,
+        size_label=None,
+        file_type=None,
+    )
     # Ollama: a library model under two tags, a namespaced one, one from hf.co, one with its blob gone
     store = home / ".ollama" / "models"
     llama = ollama_blob(store, basename="llama-3.2", size_label="3B", seed=1)
-    ollama_manifest(store, "registry.ollama.ai/library/llama3.2/3b", llama,
-                    extra_layers=[{"mediaType": "application/vnd.ollama.image.template", "digest": "sha256:1"}])
+    ollama_manifest(
+        store,
+        "registry.ollama.ai/library/llama3.2/3b",
+        llama,
+        extra_layers=[{"mediaType": "application/vnd.ollama.image.template", "digest": "sha256:1"}],
+    )
     ollama_manifest(store, "registry.ollama.ai/library/llama3.2/latest", llama)
     ollama_manifest(store, "registry.ollama.ai/someone/tiny/q8", ollama_blob(store, basename="t", seed=2))
     ollama_manifest(store, "hf.co/org/Repo-GGUF/Q4_K_M", ollama_blob(store, basename="r", seed=3))
@@ -80,8 +93,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     src = write_tiny_gguf(tmp / "src" / "hf.gguf", basename="hf-tiny", size_label="1M", file_type=7, seed=4)
     f["hf"] = hf_snapshot_file(hub, "org/tiny-GGUF", "rev1", "tiny-Q8_0.gguf", src)
     hf_snapshot_file(hub, "org/tiny-GGUF", "rev2", "tiny-Q8_0.gguf", src)
-    first = write_tiny_gguf(tmp / "src" / "split" / "big.gguf", basename="hf-split", size_label="3M",
-                            file_type=1, split_max_tensors=8, seed=5)
+    first = write_tiny_gguf(
+        tmp / "src" / "split" / "big.gguf",
+        basename="hf-split",
+        size_label="3M",
+        file_type=1,
+        split_max_tensors=8,
+        seed=5,
+    )
     for n in (1, 2, 3):
         part = first.with_name(f"big-{n:05d}-of-00003.gguf")
         f[f"hf_split_{n}"] = hf_snapshot_file(hub, "org/split-GGUF", "rev1", f"F16/{part.name}", part)
@@ -89,8 +108,13 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     (hub / "datasets--org--data" / "snapshots" / "r").mkdir(parents=True)
     write_tiny_gguf(hub / "datasets--org--data" / "snapshots" / "r" / "not-a-model-repo.gguf")
     # llama.cpp cache (flat names)
-    f["cpp"] = write_tiny_gguf(home / ".cache" / "llama.cpp" / "org_repo_cpp-tiny-F16.gguf",
-                               basename="cpp-tiny", size_label="1M", file_type=1, seed=6)
+    f["cpp"] = write_tiny_gguf(
+        home / ".cache" / "llama.cpp" / "org_repo_cpp-tiny-F16.gguf",
+        basename="cpp-tiny",
+        size_label="1M",
+        file_type=1,
+        seed=6,
+    )
     # custom folder: good, bad and odd files
     good = write_tiny_gguf(tmp / "src" / "good.gguf", seed=7)
     f["bad_magic"] = custom / "bad-magic.gguf"
@@ -104,18 +128,22 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     write_header_only(custom / "projector.gguf", arch="clip", kv={"general.type": "mmproj"}, tensors=2)
     write_vocab_only(custom / "ggml-vocab-llama.gguf")
     write_tiny_gguf(custom / "lora.gguf", extra_kv={"general.type": "adapter"})
-    f["split"] = write_tiny_gguf(custom / "split" / "sm.gguf", basename="split-model", size_label="1M",
-                                 split_max_tensors=8, seed=8)
-    broken = write_tiny_gguf(custom / "broken" / "bs.gguf", basename="broken-split", size_label="1M",
-                             split_max_tensors=8, seed=9)
+    f["split"] = write_tiny_gguf(
+        custom / "split" / "sm.gguf", basename="split-model", size_label="1M", split_max_tensors=8, seed=8
+    )
+    broken = write_tiny_gguf(
+        custom / "broken" / "bs.gguf", basename="broken-split", size_label="1M", split_max_tensors=8, seed=9
+    )
     broken.with_name("bs-00002-of-00003.gguf").unlink()
     f["broken"] = broken
-    f["nometa"] = write_tiny_gguf(custom / "plain" / "My Model v2 (final).gguf", basename=None, size_label=None,
-                                  file_type=None, seed=10)
+    f["nometa"] = write_tiny_gguf(
+        custom / "plain" / "My Model v2 (final).gguf", basename=None, size_label=None, file_type=None, seed=10
+    )
     f["dup_a"] = write_tiny_gguf(custom / "a" / "first.gguf", basename="dup", size_label="1M", seed=11)
     f["dup_b"] = write_tiny_gguf(custom / "b" / "second.gguf", basename="dup", size_label="1M", seed=12)
-    f["renamed_part"] = write_tiny_gguf(tmp / "src" / "rp" / "rp.gguf", basename="lonely", size_label="1M",
-                                        split_max_tensors=8, seed=13)
+    f["renamed_part"] = write_tiny_gguf(
+        tmp / "src" / "rp" / "rp.gguf", basename="lonely", size_label="1M", split_max_tensors=8, seed=13
+    )
     os.replace(f["renamed_part"], custom / "lonely.gguf")
     f["renamed_part"] = custom / "lonely.gguf"
     (custom / "loop").symlink_to(custom, target_is_directory=True)  # a symlink loop
@@ -205,8 +233,9 @@ def test_split_models_are_one_entry(world: World, scanned: tuple[Catalog, dict[s
     assert lonely.error and "one of 3 parts of a split model" in lonely.error
 
 
-def test_bad_files_are_error_entries_and_the_scan_goes_on(world: World,
-                                                          scanned: tuple[Catalog, dict[str, ModelEntry]]) -> None:
+def test_bad_files_are_error_entries_and_the_scan_goes_on(
+    world: World, scanned: tuple[Catalog, dict[str, ModelEntry]]
+) -> None:
     catalog, by_id = scanned
     errors = {i: e.error for i, e in by_id.items() if e.error}
     assert not any(str(world.custom) in m or str(world.home) in m for m in errors.values())  # clients see these
@@ -214,8 +243,16 @@ def test_bad_files_are_error_entries_and_the_scan_goes_on(world: World,
     assert "HTML" in errors["renamed-page"]
     assert "truncated" in errors["truncated"] and "metadata" in errors["truncated"]
     assert "truncated" in errors["short-weights"] and "4,096 bytes" in errors["short-weights"]
-    assert set(errors) == {"bad-magic", "renamed-page", "truncated", "short-weights", "ghost:1b", "garbled:v1",
-                           "broken-split:1m-f32", "lonely:1m-f32"}
+    assert set(errors) == {
+        "bad-magic",
+        "renamed-page",
+        "truncated",
+        "short-weights",
+        "ghost:1b",
+        "garbled:v1",
+        "broken-split:1m-f32",
+        "lonely:1m-f32",
+    }
     assert all(e.info is None for i, e in by_id.items() if i in {"bad-magic", "renamed-page", "truncated"})
     report = catalog.last_report
     assert report is not None and report.errors == len(errors) and report.models == len(by_id)
@@ -273,8 +310,9 @@ def test_clashing_ids_are_deterministic_and_stable(tmp_path: Path) -> None:
     paths = Paths(tmp_path / "c", tmp_path / "d", tmp_path / "cache", tmp_path / "r")
 
     def ids() -> dict[str, Path]:
-        catalog = Catalog.from_config(paths, Config(models_dirs=[own_dir]), environ={}, home=tmp_path / "home",
-                                      include_system=False)
+        catalog = Catalog.from_config(
+            paths, Config(models_dirs=[own_dir]), environ={}, home=tmp_path / "home", include_system=False
+        )
         return {e.id: e.path for e in catalog.scan()}
 
     first = ids()
@@ -288,13 +326,22 @@ def test_clashing_ids_are_deterministic_and_stable(tmp_path: Path) -> None:
     # one that ranks first (same family, earlier path) takes the plain id; the others keep their suffixes
     d = write_tiny_gguf(own_dir / "a" / "u.gguf", basename="same", size_label="1M", seed=4)
     third = ids()
-    assert third == {"same:1m-f32": d, f"same:1m-f32-{_suffix(b)}": b, f"same:1m-f32-{_suffix(a)}": a,
-                     f"same:1m-f32-{_suffix(c)}": c}
+    assert third == {
+        "same:1m-f32": d,
+        f"same:1m-f32-{_suffix(b)}": b,
+        f"same:1m-f32-{_suffix(a)}": a,
+        f"same:1m-f32-{_suffix(c)}": c,
+    }
 
 
 def test_duplicate_folders_list_each_file_once(world: World) -> None:
-    catalog = Catalog.from_config(world.paths, Config(models_dirs=[world.home / ".lmstudio" / "models"]),
-                                  environ={}, home=world.home, include_system=False)
+    catalog = Catalog.from_config(
+        world.paths,
+        Config(models_dirs=[world.home / ".lmstudio" / "models"]),
+        environ={},
+        home=world.home,
+        include_system=False,
+    )
     entries = [e for e in catalog.scan() if e.path == world.files["lms"]]
     assert [(e.id, e.source) for e in entries] == [("tiny-chat:1m-q4_k_m", "custom")]
 
@@ -307,8 +354,9 @@ def test_no_default_dirs_scans_only_the_custom_folders(world: World) -> None:
 
 def test_missing_folders_are_fine(tmp_path: Path) -> None:
     paths = Paths(tmp_path / "c", tmp_path / "d", tmp_path / "cache", tmp_path / "r")
-    catalog = Catalog.from_config(paths, Config(models_dirs=[tmp_path / "absent"]), environ={},
-                                  home=tmp_path / "nohome", include_system=False)
+    catalog = Catalog.from_config(
+        paths, Config(models_dirs=[tmp_path / "absent"]), environ={}, home=tmp_path / "nohome", include_system=False
+    )
     assert catalog.scan() == [] and catalog.entries() == []
 
 
@@ -338,7 +386,7 @@ def test_concurrent_scans_and_reads(world: World) -> None:
 
 
 def test_an_unexpected_reader_failure_costs_one_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import lmsp_tray.discovery.scan as scan
+    from lmsp_tray.discovery import scan
 
     folder = tmp_path / "models"
     write_tiny_gguf(folder / "fine.gguf", basename="fine", size_label="1M")

@@ -8,16 +8,17 @@ from pathlib import Path
 
 import gguf
 import pytest
-
 from discovery_support import cut, kv_section_end, write_header_only, write_vocab_only
 from gguf_factory import CHATML_TEMPLATE, vocabulary, write_tiny_gguf
+
 from lmsp_tray.discovery.gguf_header import GGUFError, quantization_name, read_gguf_info
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_gguf(tmp_path_factory.mktemp("hdr") / "tiny.gguf", file_type=15, context_length=768,
-                           heads=4, heads_kv=2)
+    return write_tiny_gguf(
+        tmp_path_factory.mktemp("hdr") / "tiny.gguf", file_type=15, context_length=768, heads=4, heads_kv=2
+    )
 
 
 def test_reads_the_facts_of_a_real_model(tiny: Path) -> None:
@@ -42,9 +43,16 @@ def test_reads_the_facts_of_a_real_model(tiny: Path) -> None:
 
 def test_token_texts_far_into_the_vocabulary(tmp_path: Path) -> None:
     tokens = [f"piece-{i}-{'x' * (i % 37)}" for i in range(5000)]
-    path = write_header_only(tmp_path / "tok.gguf", tokens=tokens, tensors=1,
-                             kv={"tokenizer.ggml.bos_token_id": 4097, "tokenizer.ggml.eos_token_id": 4999,
-                                 "llama.attention.head_count_kv": [2, 8, 4]})
+    path = write_header_only(
+        tmp_path / "tok.gguf",
+        tokens=tokens,
+        tensors=1,
+        kv={
+            "tokenizer.ggml.bos_token_id": 4097,
+            "tokenizer.ggml.eos_token_id": 4999,
+            "llama.attention.head_count_kv": [2, 8, 4],
+        },
+    )
     info = read_gguf_info(path)
     assert (info.bos_token, info.eos_token) == (tokens[4097], tokens[4999])
     assert info.vocab_size == 5000
@@ -52,16 +60,30 @@ def test_token_texts_far_into_the_vocabulary(tmp_path: Path) -> None:
 
 
 def test_out_of_range_token_ids_give_no_text(tmp_path: Path) -> None:
-    path = write_header_only(tmp_path / "tok.gguf", tokens=["a", "b"], tensors=1,
-                             kv={"tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.eos_token_id": 1})
+    path = write_header_only(
+        tmp_path / "tok.gguf",
+        tokens=["a", "b"],
+        tensors=1,
+        kv={"tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.eos_token_id": 1},
+    )
     info = read_gguf_info(path)
     assert info.bos_token is None and info.eos_token == "b"
 
 
 @pytest.mark.parametrize(
     ("file_type", "name"),
-    [(0, "F32"), (1, "F16"), (7, "Q8_0"), (15, "Q4_K_M"), (30, "IQ4_XS"), (32, "BF16"), (1024, None),
-     (1024 | 15, "Q4_K_M"), (999, None), (None, None)],
+    [
+        (0, "F32"),
+        (1, "F16"),
+        (7, "Q8_0"),
+        (15, "Q4_K_M"),
+        (30, "IQ4_XS"),
+        (32, "BF16"),
+        (1024, None),
+        (1024 | 15, "Q4_K_M"),
+        (999, None),
+        (None, None),
+    ],
 )
 def test_quantization_names(file_type: int | None, name: str | None) -> None:
     assert quantization_name(file_type) == name
@@ -186,8 +208,12 @@ def test_gemma_header_with_262k_tokens(tmp_path: Path) -> None:
     with open(target, "r+b") as dst:
         dst.truncate(sum(p.stat().st_size for p in parts))  # the weights' bytes are zeros: never read
     info = read_gguf_info(target)
-    assert (info.architecture, info.basename, info.size_label, info.quantization) == ("gemma3", "gemma-3", "270M",
-                                                                                      "Q4_K_M")
+    assert (info.architecture, info.basename, info.size_label, info.quantization) == (
+        "gemma3",
+        "gemma-3",
+        "270M",
+        "Q4_K_M",
+    )
     assert info.context_length == 32768 and info.vocab_size == 262144
     assert (info.bos_token, info.eos_token) == ("<bos>", "<eos>")
     assert info.chat_template is None

@@ -6,9 +6,9 @@ import os
 from pathlib import Path
 
 import pytest
-
 from discovery_support import cut, hf_snapshot_file, ollama_blob, ollama_manifest
 from gguf_factory import write_tiny_gguf
+
 from lmsp_tray.config import Config, Paths
 from lmsp_tray.discovery.catalog import Catalog
 
@@ -26,8 +26,7 @@ def _load(path: Path) -> int:
 def test_discovered_models_load_in_llama_cpp(tmp_path: Path) -> None:
     home = tmp_path / "home"
     hub = home / ".cache" / "huggingface" / "hub"
-    first = write_tiny_gguf(tmp_path / "src" / "big.gguf", basename="hf-split", size_label="1M",
-                            split_max_tensors=8)
+    first = write_tiny_gguf(tmp_path / "src" / "big.gguf", basename="hf-split", size_label="1M", split_max_tensors=8)
     for n in (1, 2, 3):  # parts as links to hash-named blobs: llama.cpp finds parts 2-3 by part 1's name
         part = first.with_name(f"big-{n:05d}-of-00003.gguf")
         hf_snapshot_file(hub, "org/split-GGUF", "main", part.name, part)

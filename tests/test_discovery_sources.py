@@ -50,16 +50,27 @@ def test_macos_and_windows_defaults(paths: Paths, tmp_path: Path) -> None:
 
 
 def test_environment_overrides(paths: Paths, tmp_path: Path) -> None:
-    env = {"OLLAMA_MODELS": str(tmp_path / "om"), "HF_HUB_CACHE": str(tmp_path / "hf"),
-           "LLAMA_CACHE": str(tmp_path / "lc"), "HF_HOME": str(tmp_path / "ignored")}
-    got = _pairs(default_sources(paths, Config(), environ=env, home=tmp_path / "h", platform="linux",
-                                 include_system=False))
+    env = {
+        "OLLAMA_MODELS": str(tmp_path / "om"),
+        "HF_HUB_CACHE": str(tmp_path / "hf"),
+        "LLAMA_CACHE": str(tmp_path / "lc"),
+        "HF_HOME": str(tmp_path / "ignored"),
+    }
+    got = _pairs(
+        default_sources(paths, Config(), environ=env, home=tmp_path / "h", platform="linux", include_system=False)
+    )
     assert ("ollama", tmp_path / "om") in got and ("ollama", tmp_path / "h" / ".ollama" / "models") in got
     assert ("huggingface", tmp_path / "hf") in got
     assert ("llama.cpp", tmp_path / "lc") in got
-    hf_home = _pairs(default_sources(paths, Config(), environ={"HF_HOME": str(tmp_path / "hfh"),
-                                                               "XDG_CACHE_HOME": str(tmp_path / "xdg")},
-                                     home=tmp_path / "h", platform="linux"))
+    hf_home = _pairs(
+        default_sources(
+            paths,
+            Config(),
+            environ={"HF_HOME": str(tmp_path / "hfh"), "XDG_CACHE_HOME": str(tmp_path / "xdg")},
+            home=tmp_path / "h",
+            platform="linux",
+        )
+    )
     assert ("huggingface", tmp_path / "hfh" / "hub") in hf_home
     assert ("llama.cpp", tmp_path / "xdg" / "llama.cpp") in hf_home
 
@@ -72,8 +83,12 @@ def test_lm_studio_settings_and_home_pointer(paths: Paths, tmp_path: Path) -> No
     (home / ".lmstudio-home-pointer").write_text(str(moved) + "\n")
     (moved / "settings.json").write_text(json.dumps({"downloadsFolder": str(tmp_path / "big-disk" / "models")}))
     lms = [s.root for s in default_sources(paths, Config(), environ={}, home=home) if s.name == "lm-studio"]
-    assert lms == [tmp_path / "big-disk" / "models", moved / "models", home / ".lmstudio" / "models",
-                   home / ".cache" / "lm-studio" / "models"]
+    assert lms == [
+        tmp_path / "big-disk" / "models",
+        moved / "models",
+        home / ".lmstudio" / "models",
+        home / ".cache" / "lm-studio" / "models",
+    ]
 
 
 def test_broken_lm_studio_settings_are_ignored(paths: Paths, tmp_path: Path) -> None:
@@ -89,14 +104,18 @@ def test_custom_folders_and_no_default_dirs(paths: Paths, tmp_path: Path) -> Non
     cli = with_cli_dirs(config, [tmp_path / "from-cli", tmp_path / "from-config"], no_default_dirs=False)
     assert cli.models_dirs == [tmp_path / "from-config", tmp_path / "from-cli"] and cli.default_dirs
     got = _pairs(default_sources(paths, cli, environ={}, home=tmp_path / "h"))
-    assert got[:3] == [("lmsp-tray", paths.models_dir), ("custom", tmp_path / "from-config"),
-                       ("custom", tmp_path / "from-cli")]
+    assert got[:3] == [
+        ("lmsp-tray", paths.models_dir),
+        ("custom", tmp_path / "from-config"),
+        ("custom", tmp_path / "from-cli"),
+    ]
     only = with_cli_dirs(Config(), [tmp_path / "only"], no_default_dirs=True)
     assert _pairs(default_sources(paths, only, environ={}, home=tmp_path / "h")) == [("custom", tmp_path / "only")]
 
 
-def test_relative_cli_folders_resolve_against_the_working_directory(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_relative_cli_folders_resolve_against_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     assert with_cli_dirs(Config(), ["models"]).models_dirs == [tmp_path / "models"]
 

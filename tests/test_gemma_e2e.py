@@ -6,7 +6,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from support import events, start_daemon
 
 GEMMA_ID = "gemma-3:270m-q4_k_m"
@@ -30,8 +29,7 @@ def test_gemma_sync_and_stream(gemma_daemon) -> None:
         assert model["architecture"] == "gemma3" and model["parameters"] == "270M"
         assert model["quantization"] == "Q4_K_M" and model["context_length"] == 8192
         question = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
-        r = c.post("/responses", json={"model": GEMMA_ID, "input": question, "temperature": 0,
-                                       "max_output_tokens": 40})
+        r = c.post("/responses", json={"model": GEMMA_ID, "input": question, "temperature": 0, "max_output_tokens": 40})
         assert r.status_code == 200, r.text
         doc = r.json()
         text = doc["output"][0]["content"][0]["text"]
@@ -41,8 +39,11 @@ def test_gemma_sync_and_stream(gemma_daemon) -> None:
         assert 0 < doc["usage"]["output_tokens"] <= 40
         assert doc["usage"]["input_tokens"] > 10
 
-        with c.stream("POST", "/responses", json={"model": GEMMA_ID, "input": question, "temperature": 0,
-                                                  "max_output_tokens": 40, "stream": True}) as s:
+        with c.stream(
+            "POST",
+            "/responses",
+            json={"model": GEMMA_ID, "input": question, "temperature": 0, "max_output_tokens": 40, "stream": True},
+        ) as s:
             evs = events(s)
         deltas = "".join(e.data["delta"] for e in evs if e.event == "response.output_text.delta")
         final = evs[-1].data["response"]

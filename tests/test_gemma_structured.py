@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import jsonschema
 import pytest
-
 from support import LiveDaemon, events, start_daemon
 
 pytestmark = pytest.mark.gemma
@@ -27,10 +26,16 @@ CITY = {
     "required": ["city", "country", "population", "capital", "districts"],
     "additionalProperties": False,
 }
-WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather for a city.",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
-                                                           "unit": {"enum": ["celsius", "fahrenheit"]}},
-                          "required": ["city", "unit"]}}
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather for a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 40}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"],
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -52,15 +57,23 @@ def gemma(tmp_path_factory: pytest.TempPathFactory, gemma_gguf: Path) -> Iterato
 
 def test_gemma_structured_output_is_schema_valid(gemma: tuple[LiveDaemon, str]) -> None:
     live, model = gemma
-    body = {"model": model, "input": "Describe Paris as a JSON record.", "temperature": 0, "max_output_tokens": 160,
-            "response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY}}}
+    body = {
+        "model": model,
+        "input": "Describe Paris as a JSON record.",
+        "temperature": 0,
+        "max_output_tokens": 160,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY}},
+    }
     with httpx.Client(base_url=live.url, timeout=300, headers=live.auth_headers) as c:
         doc = c.post("/responses", json=body).json()
         assert doc["status"] == "completed", doc
         value = json.loads(doc["output"][0]["content"][0]["text"])
         jsonschema.validate(value, CITY, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
-        with c.stream("POST", "/responses", json={**body, "stream": True, "temperature": 0.7,
-                                                  "extensions": {"lmsp_tray": {"seed": 3}}}) as r:
+        with c.stream(
+            "POST",
+            "/responses",
+            json={**body, "stream": True, "temperature": 0.7, "extensions": {"lmsp_tray": {"seed": 3}}},
+        ) as r:
             evs = events(r)
         text = "".join(e.data["delta"] for e in evs if e.event == "response.output_text.delta")
         assert evs[-1].event == "response.completed"
@@ -69,8 +82,14 @@ def test_gemma_structured_output_is_schema_valid(gemma: tuple[LiveDaemon, str]) 
 
 def test_gemma_required_tool_call_via_builtin_instruction(gemma: tuple[LiveDaemon, str]) -> None:
     live, model = gemma
-    body = {"model": model, "input": "What is the weather in Paris right now?", "temperature": 0,
-            "max_output_tokens": 80, "tools": [WEATHER], "tool_choice": "required"}
+    body = {
+        "model": model,
+        "input": "What is the weather in Paris right now?",
+        "temperature": 0,
+        "max_output_tokens": 80,
+        "tools": [WEATHER],
+        "tool_choice": "required",
+    }
     with httpx.Client(base_url=live.url, timeout=300, headers=live.auth_headers) as c:
         doc = c.post("/responses", json=body).json()
     assert doc["status"] == "completed", doc

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import queue
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -20,8 +20,14 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaModel]:
     from gguf_factory import write_tiny_gguf
 
     path = write_tiny_gguf(tmp_path_factory.mktemp("g") / "tiny.gguf")
-    entry = ModelEntry("tiny", Path(path), "custom", path.stat().st_size, (path,),
-                       GGUFInfo(architecture="llama", context_length=512, block_count=2))
+    entry = ModelEntry(
+        "tiny",
+        Path(path),
+        "custom",
+        path.stat().st_size,
+        (path,),
+        GGUFInfo(architecture="llama", context_length=512, block_count=2),
+    )
     runtime = Runtime()
     loaded = LlamaModel(runtime, entry, LoadOptions(parallel=2, threads=1))
     yield loaded
@@ -30,8 +36,9 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaModel]:
 
 def run(model: LlamaModel, sampling: SamplingParams, max_tokens: int = 40, **job: object) -> tuple[str, Finish]:
     out: queue.Queue = queue.Queue()
-    model.submit(GenerationJob(prompt=model.tokenize("hello"), sampling=sampling, max_tokens=max_tokens,
-                               sink=out.put, **job))
+    model.submit(
+        GenerationJob(prompt=model.tokenize("hello"), sampling=sampling, max_tokens=max_tokens, sink=out.put, **job)
+    )
     text = []
     while True:
         item = out.get(timeout=60)

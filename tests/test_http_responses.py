@@ -7,7 +7,6 @@ import time
 
 import httpx
 import pytest
-
 from support import SLOW_ID, SSE, TINY_ID, body, events, iter_sse
 
 
@@ -16,8 +15,17 @@ def test_sync_response_shape(client: httpx.Client) -> None:
     assert r.status_code == 200
     assert r.headers["lmsp-version"] == "1.0"
     doc = r.json()
-    assert set(doc) >= {"id", "object", "created_at", "status", "model", "output", "usage", "error",
-                        "incomplete_details"}
+    assert set(doc) >= {
+        "id",
+        "object",
+        "created_at",
+        "status",
+        "model",
+        "output",
+        "usage",
+        "error",
+        "incomplete_details",
+    }
     assert doc["id"].startswith("resp_") and len(doc["id"]) == 31
     assert doc["object"] == "response" and doc["model"] == TINY_ID
     assert doc["status"] == "incomplete"
@@ -37,7 +45,7 @@ def test_stop_sequence_completes(client: httpx.Client) -> None:
     # Find what the model says at temperature 0, then stop on a piece of it.
     first = client.post("/responses", json=body(max_output_tokens=12)).json()
     text = first["output"][0]["content"][0]["text"]
-    stop = text[len(text) // 2: len(text) // 2 + 2]
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
     assert stop
     doc = client.post("/responses", json=body(max_output_tokens=12, extensions={"lmsp_tray": {"stop": [stop]}})).json()
     assert doc["status"] == "completed", doc
@@ -71,8 +79,10 @@ def test_stream_event_order_and_ids(client: httpx.Client) -> None:
     assert names[0] == "response.created"
     assert names[1] == "response.output_item.added"
     assert names[-1] == "response.incomplete"
-    assert sum(n in {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}
-               for n in names) == 1
+    assert (
+        sum(n in {"response.completed", "response.incomplete", "response.failed", "response.cancelled"} for n in names)
+        == 1
+    )
     assert names.index("response.output_item.done") < len(names) - 1
     rid = evs[0].data["response_id"]
     for e in evs:
@@ -83,8 +93,9 @@ def test_stream_event_order_and_ids(client: httpx.Client) -> None:
     deltas = [e for e in evs if e.event == "response.output_text.delta"]
     assert len(deltas) >= 1
     item_id = evs[1].data["item"]["id"]
-    assert all(d.data["item_id"] == item_id and d.data["output_index"] == 0 and d.data["content_index"] == 0
-               for d in deltas)
+    assert all(
+        d.data["item_id"] == item_id and d.data["output_index"] == 0 and d.data["content_index"] == 0 for d in deltas
+    )
     done = next(e for e in evs if e.event == "response.output_item.done").data["item"]
     assert done["content"][0]["text"] == "".join(d.data["delta"] for d in deltas)
     final = evs[-1].data
@@ -108,8 +119,13 @@ def test_utf8_deltas_concatenate_to_final_text(client: httpx.Client) -> None:
     # (and invalid sequences); every delta must still be valid text and add up exactly.
     seen_multibyte = False
     for seed in range(6):
-        req = body("ж€日本🙂 héllo", max_output_tokens=48, stream=True, temperature=1.5,
-                   extensions={"lmsp_tray": {"seed": seed, "top_k": 0, "top_p": 1.0, "min_p": 0.0}})
+        req = body(
+            "ж€日本🙂 héllo",
+            max_output_tokens=48,
+            stream=True,
+            temperature=1.5,
+            extensions={"lmsp_tray": {"seed": seed, "top_k": 0, "top_p": 1.0, "min_p": 0.0}},
+        )
         with client.stream("POST", "/responses", json=req) as r:
             raw_events = events(r)
         deltas = [e.data["delta"] for e in raw_events if e.event == "response.output_text.delta"]
@@ -141,24 +157,51 @@ def test_context_overflow_before_any_byte(client: httpx.Client) -> None:
         (b'{"input": "hi"}', 400, "invalid_request", "model"),
         (b'{"model": "tiny-test:1m-f32"}', 400, "invalid_request", "input"),
         (b'{"model": "tiny-test:1m-f32", "input": 5}', 400, "invalid_request", "input"),
-        (b'{"model": "tiny-test:1m-f32", "input": "x", "max_output_tokens": "many"}', 400, "invalid_request",
-         "max_output_tokens"),
+        (
+            b'{"model": "tiny-test:1m-f32", "input": "x", "max_output_tokens": "many"}',
+            400,
+            "invalid_request",
+            "max_output_tokens",
+        ),
         (b'{"model": "tiny-test:1m-f32", "input": "x", "temperature": 7}', 400, "invalid_request", "temperature"),
         (b'{"model": "tiny-test:1m-f32", "input": "x", "stream": "yes"}', 400, "invalid_request", "stream"),
-        (b'{"model": "tiny-test:1m-f32", "input": [{"type": "message", "role": "robot", "content": "x"}]}', 400,
-         "invalid_request", "input[0].role"),
-        (b'{"model": "tiny-test:1m-f32", "input": [{"type": "message", "role": "user", "content": [{"type": '
-         b'"input_text", "text": 3}]}]}', 400, "invalid_request", "input[0].content[0].text"),
+        (
+            b'{"model": "tiny-test:1m-f32", "input": [{"type": "message", "role": "robot", "content": "x"}]}',
+            400,
+            "invalid_request",
+            "input[0].role",
+        ),
+        (
+            (
+                b'{"model": "tiny-test:1m-f32", "input": [{"type": "message", "role": "user", "content": [{"type": '
+                b'"input_text", "text": 3}]}]}'
+            ),
+            400,
+            "invalid_request",
+            "input[0].content[0].text",
+        ),
         (b'{"model": "tiny-test:1m-f32", "input": [{"type": "telepathy"}]}', 400, "invalid_request", "input[0]"),
-        (b'{"model": "tiny-test:1m-f32", "input": [{"role": "user", "content": [{"type": "input_image", '
-         b'"image_url": "data:"}]}]}', 400, "unsupported_capability", "input[0].content[0]"),
-        (b'{"model": "tiny-test:1m-f32", "input": "x", "extensions": {"lmsp_tray": {"top_k": -1}}}', 400,
-         "invalid_request", "extensions.lmsp_tray.top_k"),
+        (
+            (
+                b'{"model": "tiny-test:1m-f32", "input": [{"role": "user", "content": [{"type": "input_image", '
+                b'"image_url": "data:"}]}]}'
+            ),
+            400,
+            "unsupported_capability",
+            "input[0].content[0]",
+        ),
+        (
+            b'{"model": "tiny-test:1m-f32", "input": "x", "extensions": {"lmsp_tray": {"top_k": -1}}}',
+            400,
+            "invalid_request",
+            "extensions.lmsp_tray.top_k",
+        ),
         (b'{"model": "no-such-model", "input": "x"}', 404, "model_not_found", "model"),
     ],
 )
-def test_bad_requests_get_problem_documents(client: httpx.Client, payload: bytes, status: int, code: str,
-                                            param: str | None) -> None:
+def test_bad_requests_get_problem_documents(
+    client: httpx.Client, payload: bytes, status: int, code: str, param: str | None
+) -> None:
     r = client.post("/responses", content=payload, headers={"content-type": "application/json"})
     assert r.status_code == status, r.text
     assert r.headers["content-type"] == "application/problem+json"
@@ -235,8 +278,12 @@ def test_sync_disconnect_cancels(daemon_factory) -> None:
         c.post(f"/models/{SLOW_ID}/load").raise_for_status()
     sched = live.scheduler(SLOW_ID)
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{live.url}/responses", json=body(model=SLOW_ID, max_output_tokens=4000), timeout=0.5,
-                   headers=live.auth_headers)
+        httpx.post(
+            f"{live.url}/responses",
+            json=body(model=SLOW_ID, max_output_tokens=4000),
+            timeout=0.5,
+            headers=live.auth_headers,
+        )
     deadline = time.monotonic() + 5
     while sched.generating and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -253,15 +300,18 @@ def test_fifo_queue_and_429(daemon_factory) -> None:
     release_first = threading.Event()
 
     def run(name: str, tokens: int) -> None:
-        with httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as own:
-            with own.stream("POST", "/responses", json=body(model=SLOW_ID, max_output_tokens=tokens, stream=True)) as r:
-                for e in iter_sse(r):
-                    if isinstance(e, SSE) and e.event == "response.output_text.delta" and name not in order:
-                        with lock:
-                            order.append(name)
-                        if name == "first":
-                            release_first.wait(120)
-                            return  # leaving cancels the long generation and frees the slot
+        payload = body(model=SLOW_ID, max_output_tokens=tokens, stream=True)
+        with (
+            httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as own,
+            own.stream("POST", "/responses", json=payload) as r,
+        ):
+            for e in iter_sse(r):
+                if isinstance(e, SSE) and e.event == "response.output_text.delta" and name not in order:
+                    with lock:
+                        order.append(name)
+                    if name == "first":
+                        release_first.wait(120)
+                        return  # leaving cancels the long generation and frees the slot
 
     with httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as c:
         c.post(f"/models/{SLOW_ID}/load").raise_for_status()

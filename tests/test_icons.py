@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from PIL import Image
 
-from lmsp_tray.icons import COLOURS, TRAY_SIZES, assets_dir, draw_icon, icon_filename, load_icon, tray_icons
-from lmsp_tray.menu import ACTIVITIES
+from lmsp_tray.desktop.icons import COLOURS, TRAY_SIZES, assets_dir, draw_icon, icon_filename, load_icon, tray_icons
+from lmsp_tray.desktop.menu import ACTIVITIES
 
 
 def pixels(image: Image.Image) -> list[tuple[int, int, int, int]]:
@@ -38,8 +38,11 @@ def test_glyph_is_crisp_and_tile_has_state_colour(activity, size):
     assert sum(1 for p in data if p[:3] == fill) > size * size // 3  # the tile shows the state colour
     if size < 48:
         # Glyph edges sit on whole pixels: no pixel is a blend of the tile colour and white.
-        blends = [p for p in data if p[3] == 255 and p[:3] != fill and p[:3] != (255, 255, 255)
-                  and all(c >= f for c, f in zip(p[:3], fill))]
+        blends = [
+            p
+            for p in data
+            if p[3] == 255 and p[:3] != fill and p[:3] != (255, 255, 255) and all(c >= f for c, f in zip(p[:3], fill))
+        ]
         assert not blends
     assert image.getpixel((size // 2, 3))[3] == 255
     assert image.getpixel((0, 0))[3] < 128  # rounded corner is see-through

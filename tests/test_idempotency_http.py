@@ -9,13 +9,13 @@ from pathlib import Path
 import httpx
 import pytest
 from starlette.requests import Request
+from support import SLOW_ID, SSE, body, events, iter_sse
 
 from lmsp_tray.errors import IdempotencyKeyInProgress
 from lmsp_tray.http.routes import caller_of
 from lmsp_tray.http.security import STATE_TOKEN
-from lmsp_tray.replay import ANONYMOUS, Caller, Claim, Idempotency, Replay
-from lmsp_tray.store import Database, TokenRecord, idempotency
-from support import SLOW_ID, SSE, body, events, iter_sse
+from lmsp_tray.serving.replay import ANONYMOUS, Caller, Claim, Idempotency, Replay
+from lmsp_tray.store import Database, TokenRecord, idempotency_keys
 
 
 def key(name: str) -> dict[str, str]:
@@ -36,7 +36,9 @@ def test_sync_replay_and_reuse(client: httpx.Client) -> None:
     assert again.json() == first.json()
     # Key order and whitespace do not make a different body.
     raw = b'{ "store": true, "max_output_tokens": 6, "temperature": 0, "input": "once", "model": "tiny-test:1m-f32" }'
-    assert client.post("/responses", content=raw, headers={**k, "content-type": "application/json"}).json() == first.json()
+    assert (
+        client.post("/responses", content=raw, headers={**k, "content-type": "application/json"}).json() == first.json()
+    )
     other = client.post("/responses", json=body("twice", max_output_tokens=6), headers=k)
     assert other.status_code == 422
     assert other.json()["code"] == "idempotency_key_reused" and other.json()["param"] == "Idempotency-Key"
@@ -61,7 +63,10 @@ def test_in_progress_then_replay(daemon_factory) -> None:
     live = daemon_factory()
     k = key("busy")
     req = body("take your time", model=SLOW_ID, max_output_tokens=200, stream=True)
-    with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c, httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as other:
+    with (
+        httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c,
+        httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as other,
+    ):
         with c.stream("POST", "/responses", json=req, headers=k) as r:
             original = []
             for e in iter_sse(r):
@@ -122,8 +127,10 @@ def test_tasks_replay(client: httpx.Client) -> None:
 
 
 def test_keys_and_stored_objects_belong_to_their_token(client: httpx.Client) -> None:
-    made = client.post("/auth/tokens", json={"name": "other-app", "scopes": [
-        "responses:create", "responses:read", "tasks:create", "tasks:read"]})
+    made = client.post(
+        "/auth/tokens",
+        json={"name": "other-app", "scopes": ["responses:create", "responses:read", "tasks:create", "tasks:read"]},
+    )
     assert made.status_code == 201, made.text
     other = {"Authorization": f"Bearer {made.json()['secret']}"}
     k = key("scoped")
@@ -144,8 +151,7 @@ def test_keys_and_stored_objects_belong_to_their_token(client: httpx.Client) -> 
 
 @pytest.mark.parametrize("bad", ["", "x" * 256, "caf\u00e9"])
 def test_malformed_keys(client: httpx.Client, bad: str) -> None:
-    r = client.post("/responses", json=body("x", max_output_tokens=1),
-                    headers={"Idempotency-Key": bad.encode("utf-8")})  # type: ignore[dict-item]
+    r = client.post("/responses", json=body("x", max_output_tokens=1), headers={"Idempotency-Key": bad.encode("utf-8")})  # type: ignore[dict-item]
     assert r.status_code == 400 and r.json()["param"] == "Idempotency-Key"
 
 
@@ -169,7 +175,7 @@ def test_keys_are_scoped_per_token(tmp_path: Path) -> None:
         assert isinstance(await keys.claim(Caller("tok_b"), "k1", "responses", payload), Claim)  # other token
         with pytest.raises(IdempotencyKeyInProgress):
             await keys.claim(Caller("tok_a"), "k1", "responses", payload)
-        await db.awrite(idempotency.finish, "tok_a", "k1", {"kind": "response", "status": 200, "body": {"id": 1}})
+        await db.awrite(idempotency_keys.finish, "tok_a", "k1", {"kind": "response", "status": 200, "body": {"id": 1}})
         replay = await keys.claim(Caller("tok_a"), "k1", "responses", payload)
         assert isinstance(replay, Replay) and replay.result["body"] == {"id": 1}
 

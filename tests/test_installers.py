@@ -16,8 +16,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from lmsp_tray.autostart import LaunchAgent
 from support import cli_token
+
+from lmsp_tray.desktop.autostart import LaunchAgent
 
 ROOT = Path(__file__).resolve().parent.parent
 LINUX = ROOT / "installers" / "linux"
@@ -27,8 +28,9 @@ def pick_python() -> str:
     """The distro's python3 when it has PyGObject and venv (a typical desktop), else this one."""
     system = "/usr/bin/python3"
     if os.path.exists(system):
-        ok = subprocess.run([system, "-c", "import gi, venv, sys; sys.exit(sys.version_info < (3, 11))"],
-                            capture_output=True)
+        ok = subprocess.run(
+            [system, "-c", "import gi, venv, sys; sys.exit(sys.version_info < (3, 11))"], capture_output=True
+        )
         if ok.returncode == 0:
             return system
     return sys.executable
@@ -68,8 +70,13 @@ def test_linux_install_then_uninstall_for_real(tmp_path, tiny_gguf):
         env["PIP_CACHE_DIR"] = cache  # reuse the built llama-cpp-python wheel
     python = pick_python()
 
-    first = subprocess.run(["sh", str(LINUX / "install.sh"), "--python", python, "--systemd"], env=env,
-                           capture_output=True, text=True, timeout=1500)
+    first = subprocess.run(
+        ["sh", str(LINUX / "install.sh"), "--python", python, "--systemd"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     print(first.stdout[-3000:], first.stderr[-3000:])
     assert first.returncode == 0
 
@@ -78,9 +85,17 @@ def test_linux_install_then_uninstall_for_real(tmp_path, tiny_gguf):
     program = venv / "bin" / "lmsp-tray"
     assert program.is_file() and os.access(program, os.X_OK)
     # The venv's own copy of the package (not this checkout) imports, with the tray parts.
-    probe = subprocess.run([str(venv / "bin" / "python"), "-c",
-                            "import lmsp_tray, lmsp_tray.tray, lmsp_tray.autostart, lmsp_tray.menu; print(lmsp_tray.__file__)"],
-                           capture_output=True, text=True, cwd=tmp_path, env=env)
+    probe = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import lmsp_tray, lmsp_tray.desktop.tray, lmsp_tray.desktop.autostart, lmsp_tray.desktop.menu; print(lmsp_tray.__file__)",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.strip().startswith(str(venv))
     if has_gi(python):
@@ -116,8 +131,9 @@ def test_linux_install_then_uninstall_for_real(tmp_path, tiny_gguf):
     assert not (home / ".config" / "autostart").exists()
     assert "start at login is off" in first.stdout
 
-    again = subprocess.run(["sh", str(LINUX / "install.sh"), "--python", python], env=env,
-                           capture_output=True, text=True, timeout=1500)
+    again = subprocess.run(
+        ["sh", str(LINUX / "install.sh"), "--python", python], env=env, capture_output=True, text=True, timeout=1500
+    )
     assert again.returncode == 0, again.stderr
     assert f"reusing {venv}" in again.stdout and program.is_file()
 
@@ -129,8 +145,14 @@ def test_linux_install_then_uninstall_for_real(tmp_path, tiny_gguf):
     (data / "lmsp-tray" / "models").mkdir(exist_ok=True)  # the program made it when it ran above
     gone = subprocess.run(["sh", str(LINUX / "uninstall.sh")], env=env, capture_output=True, text=True, timeout=120)
     assert gone.returncode == 0, gone.stderr
-    for path in (venv, link, launcher, unit, home / ".config" / "autostart" / "lmsp-tray.desktop",
-                 data / "icons" / "hicolor" / "256x256" / "apps" / "lmsp-tray.png"):
+    for path in (
+        venv,
+        link,
+        launcher,
+        unit,
+        home / ".config" / "autostart" / "lmsp-tray.desktop",
+        data / "icons" / "hicolor" / "256x256" / "apps" / "lmsp-tray.png",
+    ):
         assert not path.exists() and not path.is_symlink(), path
     assert (data / "lmsp-tray" / "models").is_dir() and "kept your data" in gone.stdout
     purge = subprocess.run(["sh", str(LINUX / "uninstall.sh"), "--purge"], env=env, capture_output=True, text=True)
@@ -147,8 +169,13 @@ def check_installed_program_serves(program: Path, env: dict[str, str], tmp_path:
     log = tmp_path / "installed.log"
     token = cli_token([str(program)], run_env, "models:read", cwd=tmp_path)
     with log.open("w") as out:
-        proc = subprocess.Popen([str(program), "--port", "0", "--models-dir", str(models), "--no-default-dirs"],
-                                env=run_env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [str(program), "--port", "0", "--models-dir", str(models), "--no-default-dirs"],
+            env=run_env,
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 120
         url = None
@@ -232,8 +259,13 @@ def test_linux_install_with_prefix_puts_everything_under_it(tmp_path):
     cache = subprocess.run([sys.executable, "-m", "pip", "cache", "dir"], capture_output=True, text=True).stdout.strip()
     if cache:
         env["PIP_CACHE_DIR"] = cache
-    out = subprocess.run(["sh", str(LINUX / "install.sh"), "--python", pick_python(), "--prefix", str(prefix),
-                          "--systemd"], env=env, capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        ["sh", str(LINUX / "install.sh"), "--python", pick_python(), "--prefix", str(prefix), "--systemd"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     program = prefix / "share" / "lmsp-tray" / "venv" / "bin" / "lmsp-tray"
     assert program.is_file()
@@ -242,6 +274,11 @@ def test_linux_install_with_prefix_puts_everything_under_it(tmp_path):
     assert (prefix / "config" / "systemd" / "user" / "lmsp-tray.service").is_file()
     assert "not enabling the unit" in out.stdout
     assert sorted(p.name for p in home.iterdir()) in ([], [".cache"])  # nothing else lands in HOME
-    gone = subprocess.run(["sh", str(LINUX / "uninstall.sh"), "--prefix", str(prefix)], env=env,
-                          capture_output=True, text=True, timeout=120)
+    gone = subprocess.run(
+        ["sh", str(LINUX / "uninstall.sh"), "--prefix", str(prefix)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert gone.returncode == 0 and not program.exists() and not (prefix / "bin" / "lmsp-tray").exists()

@@ -11,16 +11,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
-
 from keyring_support import SECRET_SERVICE, start_private_keyring, tools_missing, working_session_keyring
-from lmsp_tray.tokens import OWNER_NAME, hash_secret
-from lmsp_tray.vault import KeyringUnavailable, SecretVault
 from support import LiveDaemon, start_daemon
+
+from lmsp_tray.auth.tokens import OWNER_NAME, hash_secret
+from lmsp_tray.auth.vault import KeyringUnavailable, SecretVault
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +55,14 @@ def secret_tool(*args: str) -> subprocess.CompletedProcess:
 
 
 def run_cli(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lmsp_tray", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=Path(__file__).resolve().parent.parent)
+    return subprocess.run(
+        [sys.executable, "-m", "lmsp_tray", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
 
 
 @pytest.fixture
@@ -85,8 +91,9 @@ def test_vault_round_trip(secret_service: str) -> None:
     assert vault.delete("tok_test_round_trip") is False
 
 
-def test_owner_token_lives_in_the_keyring_across_restarts(lmsp_home: Path, models_dir: Path,
-                                                          secret_service: str) -> None:
+def test_owner_token_lives_in_the_keyring_across_restarts(
+    lmsp_home: Path, models_dir: Path, secret_service: str
+) -> None:
     first = start_daemon(models_dir, vault=real_vault())
     try:
         tokens = first.daemon.auth.tokens
@@ -109,8 +116,10 @@ def test_owner_token_lives_in_the_keyring_across_restarts(lmsp_home: Path, model
     try:
         tokens = third.daemon.auth.tokens
         assert tokens.owner_id != owner_id and tokens.get(owner_id).revoked_at is not None
-        assert httpx.get(third.url + "/models", headers={"Authorization": f"Bearer {owner}"},
-                         timeout=30).status_code == 401
+        assert (
+            httpx.get(third.url + "/models", headers={"Authorization": f"Bearer {owner}"}, timeout=30).status_code
+            == 401
+        )
     finally:
         third.stop()
 
@@ -119,9 +128,19 @@ def test_cli_against_the_running_service(keyring_daemon: LiveDaemon, cli_env: di
     live = keyring_daemon
     # TOKEN=$(lmsp-tray tokens create …): only the secret reaches stdout.
     shell = subprocess.run(
-        ["sh", "-c", f'TOKEN=$("{sys.executable}" -m lmsp_tray tokens create --name shell --scope models:read) '
-                     '&& printf "%s" "$TOKEN"'],
-        env=cli_env, capture_output=True, text=True, timeout=120)
+        [
+            "sh",
+            "-c",
+            (
+                f'TOKEN=$("{sys.executable}" -m lmsp_tray tokens create --name shell --scope models:read) '
+                '&& printf "%s" "$TOKEN"'
+            ),
+        ],
+        env=cli_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert shell.returncode == 0, shell.stderr
     secret = shell.stdout
     assert secret.startswith("lmsp_") and len(secret) >= 5 + 43 and "\n" not in secret
@@ -147,9 +166,12 @@ def test_cli_against_the_running_service(keyring_daemon: LiveDaemon, cli_env: di
     assert missing.returncode == 1 and "no token" in missing.stderr.lower() and "Traceback" not in missing.stderr
 
 
-def test_cli_on_the_data_folder_when_no_service_runs(lmsp_home: Path, models_dir: Path, cli_env: dict[str, str]) -> None:
-    made = run_cli("tokens", "create", "--name", "offline", "--scope", "models:read", "--scope", "tasks:read",
-                   env=cli_env)
+def test_cli_on_the_data_folder_when_no_service_runs(
+    lmsp_home: Path, models_dir: Path, cli_env: dict[str, str]
+) -> None:
+    made = run_cli(
+        "tokens", "create", "--name", "offline", "--scope", "models:read", "--scope", "tasks:read", env=cli_env
+    )
     assert made.returncode == 0, made.stderr
     secret = made.stdout.strip()
     assert "warning" not in made.stderr  # the keyring took it
@@ -257,8 +279,15 @@ def test_locked_keyring(locked_keyring: str, lmsp_home: Path, models_dir: Path, 
         assert out.returncode == 1 and "LMSP_TRAY_TOKEN" in out.stderr
     finally:
         live.stop()
-    made = run_cli("tokens", "create", "--name", "locked", "--scope", "models:read",
-                   env={**cli_env, "DBUS_SESSION_BUS_ADDRESS": locked_keyring})
+    made = run_cli(
+        "tokens",
+        "create",
+        "--name",
+        "locked",
+        "--scope",
+        "models:read",
+        env={**cli_env, "DBUS_SESSION_BUS_ADDRESS": locked_keyring},
+    )
     _no_traceback(made)
     assert made.returncode == 0 and "locked" in made.stderr and made.stdout.startswith("lmsp_")
 

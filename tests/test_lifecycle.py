@@ -8,7 +8,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from gguf_factory import write_tiny_gguf
 from support import SLOW_ID, SSE, TINY_ID, body, iter_sse, stream_deltas
 
@@ -110,7 +109,7 @@ def test_impossible_budget_is_507(daemon_factory) -> None:
 def test_folder_watching_adds_and_removes(daemon_factory, models_dir: Path, tmp_path: Path) -> None:
     live = daemon_factory()
     with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
-        ids = lambda: {m["id"] for m in c.get("/models").json()["data"]}  # noqa: E731
+        ids = lambda: {m["id"] for m in c.get("/models").json()["data"]}
         assert OTHER_ID not in ids()
         staged = write_tiny_gguf(tmp_path / "staging" / "other-test.gguf", basename="other-test", size_label="2M")
         t0 = time.monotonic()
@@ -124,7 +123,10 @@ def test_folder_watching_adds_and_removes(daemon_factory, models_dir: Path, tmp_
 
 def test_removed_loaded_model_finishes_its_work_first(daemon_factory, models_dir: Path) -> None:
     live = daemon_factory()
-    with httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as c, httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as watch:
+    with (
+        httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as c,
+        httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as watch,
+    ):
         c.post(f"/models/{SLOW_ID}/load").raise_for_status()
         with c.stream("POST", "/responses", json=body(model=SLOW_ID, max_output_tokens=4000, stream=True)) as r:
             events = iter_sse(r)

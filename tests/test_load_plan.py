@@ -9,14 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from lmsp_tray.discovery.entry import GGUFInfo, ModelEntry
-from lmsp_tray.engine.plan import COMPUTE_OVERHEAD_BYTES, GPU_RESERVE_BYTES, LoadOptions, context_window, plan_load
+from lmsp_tray.engine.load_plan import COMPUTE_OVERHEAD_BYTES, GPU_RESERVE_BYTES, LoadOptions, context_window, plan_load
 
 GB = 1024**3
 
 
 def entry(size: int = 4 * GB, ctx: int | None = 32768) -> ModelEntry:
-    info = GGUFInfo(architecture="llama", context_length=ctx, block_count=32, embedding_length=4096, head_count=32,
-                    head_count_kv=8)
+    info = GGUFInfo(
+        architecture="llama", context_length=ctx, block_count=32, embedding_length=4096, head_count=32, head_count_kv=8
+    )
     return ModelEntry("m:7b-q4_k_m", Path("/m.gguf"), "custom", size, info=info)
 
 

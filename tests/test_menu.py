@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lmsp_tray.menu import (
+from lmsp_tray.desktop.menu import (
     ERROR,
     IDLE,
     LOADING,
@@ -211,7 +211,7 @@ def test_too_many_models_are_capped():
 
 
 def test_most_urgent():
-    from lmsp_tray.menu import most_urgent
+    from lmsp_tray.desktop.menu import most_urgent
 
     assert most_urgent(IDLE, SERVING) == SERVING
     assert most_urgent(SERVING, LOADING, IDLE) == LOADING

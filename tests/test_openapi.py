@@ -15,13 +15,13 @@ import re
 import httpx
 import pytest
 import schemathesis
-from schemathesis.core.parameters import ParameterLocation
 from hypothesis import HealthCheck, Phase, settings
+from schemathesis.core.parameters import ParameterLocation
+from support import TINY_ID, LiveDaemon
 
 from lmsp_tray.http.app import all_routes
 from lmsp_tray.http.openapi import EVENTS, build_openapi
 from lmsp_tray.http.security import PUBLIC, required_scope
-from support import TINY_ID, LiveDaemon
 
 FUZZ_EXAMPLES = int(os.environ.get("LMSP_FUZZ_EXAMPLES", "25"))
 
@@ -87,8 +87,14 @@ fuzz_schema = schemathesis.openapi.from_dict(FUZZ_DOC)
 
 
 @fuzz_schema.parametrize()
-@settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, database=None,
-          suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
+@settings(
+    max_examples=FUZZ_EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+    phases=[Phase.explicit, Phase.generate],
+)
 def test_fuzz(case: schemathesis.Case, fuzz_target: LiveDaemon) -> None:
     excluded = []
     if case.operation.label in ("POST /lmsp/v1/responses", "POST /lmsp/v1/tasks"):

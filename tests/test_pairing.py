@@ -2,27 +2,28 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import httpx
 import pytest
-
-from lmsp_tray.cli import main as cli_main
-from lmsp_tray.pairing import CODE_ALPHABET
 from support import LiveDaemon
+
+from lmsp_tray.auth.pairing import CODE_ALPHABET
+from lmsp_tray.cli.main import main as cli_main
 
 
 def ask(live: LiveDaemon, app: str = "Notes App", scopes: list[str] | None = None) -> dict:
-    r = httpx.post(live.url + "/auth/pairings", json={"app_name": app, "scopes": scopes or ["models:read"]},
-                   timeout=30)
+    r = httpx.post(live.url + "/auth/pairings", json={"app_name": app, "scopes": scopes or ["models:read"]}, timeout=30)
     assert r.status_code == 202, r.text
     return r.json()
 
 
 def poll(live: LiveDaemon, pairing: dict, poll_token: str | None = None) -> httpx.Response:
     token = pairing["poll_token"] if poll_token is None else poll_token
-    return httpx.get(f"{live.url}/auth/pairings/{pairing['id']}", headers={"Authorization": f"Bearer {token}"},
-                     timeout=30)
+    return httpx.get(
+        f"{live.url}/auth/pairings/{pairing['id']}", headers={"Authorization": f"Bearer {token}"}, timeout=30
+    )
 
 
 @pytest.fixture
@@ -43,8 +44,11 @@ def test_pairing_approved_through_the_cli(cli_env: LiveDaemon, capsys: pytest.Ca
 
     # The user sees it (tray backend API and CLI) ...
     [pending] = live.daemon.auth.pairings.pending_pairings()
-    assert (pending.app_name, pending.scopes, pending.user_code) == ("Notes App", ("models:read", "responses:create"),
-                                                                      code)
+    assert (pending.app_name, pending.scopes, pending.user_code) == (
+        "Notes App",
+        ("models:read", "responses:create"),
+        code,
+    )
     assert cli_main(["tokens", "pairings"]) == 0
     assert code in capsys.readouterr().out
     # ... and approves it with the code, typed loosely.
@@ -101,7 +105,7 @@ def test_pairing_ids_and_codes_are_unguessable(daemon: LiveDaemon) -> None:
     ids = [p["id"] for p in made]
     # ULIDs made in the same millisecond would normally just count up; pairing ids have fresh random bits.
     randomness = sorted(int.from_bytes(__import__("ulid").ULID.from_str(i[5:]).bytes[6:], "big") for i in ids)
-    assert all(b - a > 1 for a, b in zip(randomness, randomness[1:]))
+    assert all(b - a > 1 for a, b in itertools.pairwise(randomness))
     assert len({p["user_code"] for p in made}) == 4 and len({p["poll_token"] for p in made}) == 4
 
 
@@ -120,8 +124,9 @@ def test_expired_is_final(daemon: LiveDaemon, monkeypatch: pytest.MonkeyPatch) -
     assert poll(daemon, p).json()["status"] == "expired"
 
 
-def test_approved_but_never_collected_expires_and_its_token_is_revoked(daemon: LiveDaemon,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_approved_but_never_collected_expires_and_its_token_is_revoked(
+    daemon: LiveDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
     broker = daemon.daemon.auth.pairings
     now = [time.time()]
     monkeypatch.setattr(broker, "clock", lambda: now[0])
@@ -140,27 +145,33 @@ def test_pairing_requests_are_rate_limited(daemon: LiveDaemon) -> None:
     limits = daemon.daemon.auth.pairings.limits
     for i in range(limits.per_app_per_minute):
         ask(daemon, "Pushy App")
-    r = httpx.post(daemon.url + "/auth/pairings", json={"app_name": "Pushy App", "scopes": ["models:read"]},
-                   timeout=30)
+    r = httpx.post(daemon.url + "/auth/pairings", json={"app_name": "Pushy App", "scopes": ["models:read"]}, timeout=30)
     assert r.status_code == 429 and r.json()["code"] == "too_many_requests" and int(r.headers["retry-after"]) >= 1
     # Other apps are still heard, up to the global limits.
-    statuses = [httpx.post(daemon.url + "/auth/pairings", json={"app_name": f"App {i}", "scopes": ["models:read"]},
-                           timeout=30).status_code for i in range(limits.total_per_minute)]
+    statuses = [
+        httpx.post(
+            daemon.url + "/auth/pairings", json={"app_name": f"App {i}", "scopes": ["models:read"]}, timeout=30
+        ).status_code
+        for i in range(limits.total_per_minute)
+    ]
     assert statuses[0] == 202 and statuses[-1] == 429
     assert httpx.get(daemon.url, timeout=30).status_code == 200
 
 
-@pytest.mark.parametrize("payload", [
-    {"app_name": "", "scopes": ["models:read"]},
-    {"app_name": "x" * 65, "scopes": ["models:read"]},
-    {"app_name": "evil\u202eapp", "scopes": ["models:read"]},
-    {"app_name": "line\nbreak", "scopes": ["models:read"]},
-    {"app_name": 5, "scopes": ["models:read"]},
-    {"app_name": "ok", "scopes": []},
-    {"app_name": "ok", "scopes": "models:read"},
-    {"app_name": "ok"},
-    ["not", "an", "object"],
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"app_name": "", "scopes": ["models:read"]},
+        {"app_name": "x" * 65, "scopes": ["models:read"]},
+        {"app_name": "evil\u202eapp", "scopes": ["models:read"]},
+        {"app_name": "line\nbreak", "scopes": ["models:read"]},
+        {"app_name": 5, "scopes": ["models:read"]},
+        {"app_name": "ok", "scopes": []},
+        {"app_name": "ok", "scopes": "models:read"},
+        {"app_name": "ok"},
+        ["not", "an", "object"],
+    ],
+)
 def test_bad_pairing_requests(daemon: LiveDaemon, payload: object) -> None:
     r = httpx.post(daemon.url + "/auth/pairings", json=payload, timeout=30)
     assert r.status_code == 400 and r.json()["code"] == "invalid_request"
@@ -178,8 +189,8 @@ def test_tray_listener_hears_requests_and_decisions(daemon: LiveDaemon) -> None:
 
 # -- the tray's side (in process, as the tray backend calls it) -------------------------------------
 def test_tray_sees_approves_and_announces_requests(daemon: LiveDaemon, tmp_path) -> None:
-    from lmsp_tray.autostart import Autostart
-    from lmsp_tray.tray_backend import DaemonTrayBackend, pairing_notification, tray_hooks
+    from lmsp_tray.desktop.autostart import Autostart
+    from lmsp_tray.desktop.backend import DaemonTrayBackend, pairing_notification, tray_hooks
 
     autostart = Autostart.for_platform("linux", environ={}, home=tmp_path, command=["lmsp-tray"])
     hooks = tray_hooks(daemon.daemon)
@@ -189,9 +200,17 @@ def test_tray_sees_approves_and_announces_requests(daemon: LiveDaemon, tmp_path)
     p = ask(daemon, "Notes App", ["models:read", "responses:create"])
     [shown] = backend.snapshot().pairings
     assert (shown.id, shown.app_name, shown.scopes, shown.user_code) == (
-        p["id"], "Notes App", ("models:read", "responses:create"), p["user_code"])
-    assert announced == [f"Notes App asks for a token (models:read, responses:create). Code {p['user_code']}: "
-                         "approve or deny it in the lmsp-tray menu."]
+        p["id"],
+        "Notes App",
+        ("models:read", "responses:create"),
+        p["user_code"],
+    )
+    assert announced == [
+        (
+            f"Notes App asks for a token (models:read, responses:create). Code {p['user_code']}: "
+            "approve or deny it in the lmsp-tray menu."
+        )
+    ]
     backend.approve_pairing(shown.id)
     assert backend.snapshot().pairings == () and announced[-1] == ""  # decisions are not announced
     token = poll(daemon, p).json()["token"]
@@ -201,11 +220,11 @@ def test_tray_sees_approves_and_announces_requests(daemon: LiveDaemon, tmp_path)
 
 def test_tray_shows_keyring_trouble(lmsp_home, models_dir, tmp_path) -> None:
     import keyring.backends.fail
-
-    from lmsp_tray.autostart import Autostart
-    from lmsp_tray.tray_backend import DaemonTrayBackend, tray_hooks
-    from lmsp_tray.vault import SecretVault
     from support import start_daemon
+
+    from lmsp_tray.auth.vault import SecretVault
+    from lmsp_tray.desktop.autostart import Autostart
+    from lmsp_tray.desktop.backend import DaemonTrayBackend, tray_hooks
 
     live = start_daemon(models_dir, vault=SecretVault(keyring.backends.fail.Keyring()))
     try:
@@ -217,8 +236,9 @@ def test_tray_shows_keyring_trouble(lmsp_home, models_dir, tmp_path) -> None:
         live.stop()
 
 
-def test_cli_ignores_proxy_settings(cli_env: LiveDaemon, monkeypatch: pytest.MonkeyPatch,
-                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_ignores_proxy_settings(
+    cli_env: LiveDaemon, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The CLI sends the owner token only to the loopback service, never to a configured proxy."""
     ask(cli_env, "Proxy App")
     for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):

@@ -10,8 +10,8 @@ conversations full of whitespace, partial markers and markers inside messages.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -110,9 +110,36 @@ def gemma(gemma_gguf: Path) -> Iterator[LlamaModel]:
 
 CONTENT = st.lists(
     st.sampled_from(
-        ["a", " ", "  ", "\n", "\n\n", "\t", "the", " world", "🙂", "日本", "é", "<", ">", "|", "_",
-         "<|im_start|>", "<|im_end|>", "<|im_start", "im_end|>", "<start_of_turn>", "<end_of_turn>",
-         "<start_of_turn", "end_of_turn>", "<unused7>", "<b>", "</s>", "<s>", "u"]
+        [
+            "a",
+            " ",
+            "  ",
+            "\n",
+            "\n\n",
+            "\t",
+            "the",
+            " world",
+            "🙂",
+            "日本",
+            "é",
+            "<",
+            ">",
+            "|",
+            "_",
+            "<|im_start|>",
+            "<|im_end|>",
+            "<|im_start",
+            "im_end|>",
+            "<start_of_turn>",
+            "<end_of_turn>",
+            "<start_of_turn",
+            "end_of_turn>",
+            "<unused7>",
+            "<b>",
+            "</s>",
+            "<s>",
+            "u",
+        ]
     ),
     max_size=40,
 ).map("".join)
@@ -140,8 +167,11 @@ def test_tiny_vocabulary_pieces_equal_whole_prompts(tiny: LlamaModel) -> None:
     _assert_pieces_equal_whole(tiny, tok)
     # the overlapping user-defined token really changes tokenization across the marker
     text = "<|im_end|>\n<|im_start|>user\nhi"
-    naive = PromptTokenizer(lambda t: tiny.tokenize(t, add_special=False), ["<|im_start|>", "<|im_end|>"],
-                            start=tiny.tokenize("", add_special=True))
+    naive = PromptTokenizer(
+        lambda t: tiny.tokenize(t, add_special=False),
+        ["<|im_start|>", "<|im_end|>"],
+        start=tiny.tokenize("", add_special=True),
+    )
     assert naive.tokens(text) != tiny.tokenize(text)
     assert tok.tokens(text) == tiny.tokenize(text)
 
@@ -160,8 +190,7 @@ def test_gemma_pieces_equal_whole_prompts_and_a_continued_conversation_hits_the_
     assert tok.misses - misses <= 3  # the new answer, the new question, at most one more
 
 
-def test_the_first_long_prompt_builds_the_piece_tokenizer_off_the_callers_thread(
-        tmp_path: Path) -> None:
+def test_the_first_long_prompt_builds_the_piece_tokenizer_off_the_callers_thread(tmp_path: Path) -> None:
     from gguf_factory import write_tiny_gguf
 
     path = write_tiny_gguf(tmp_path / "fresh.gguf")

@@ -28,7 +28,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from support import TINY_ID, cli_token
 from xvfb import missing_tools, wait_for
 
@@ -71,15 +70,35 @@ def frozen() -> Path:
     with tempfile.TemporaryDirectory(prefix="pyi-", dir=cache_root) as tmp:
         work, dist = Path(tmp) / "work", Path(tmp) / "dist"
         started = time.monotonic()
-        out = subprocess.run([sys.executable, "-m", "PyInstaller", "--noconfirm", "--log-level", "WARN",
-                              "--workpath", str(work), "--distpath", str(dist), str(SPEC)],
-                             cwd=ROOT, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "PyInstaller",
+                "--noconfirm",
+                "--log-level",
+                "WARN",
+                "--workpath",
+                str(work),
+                "--distpath",
+                str(dist),
+                str(SPEC),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT,
+        )
         seconds = time.monotonic() - started
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
         built = dist / EXE
         assert built.is_file()
-        info = {"seconds": round(seconds, 1), "bytes": built.stat().st_size, "key": key,
-                "pyinstaller": importlib.metadata.version("pyinstaller")}
+        info = {
+            "seconds": round(seconds, 1),
+            "bytes": built.stat().st_size,
+            "key": key,
+            "pyinstaller": importlib.metadata.version("pyinstaller"),
+        }
         (dist / "build.json").write_text(json.dumps(info))
         shutil.rmtree(target, ignore_errors=True)
         os.replace(dist, target)  # complete builds only: a killed build leaves nothing behind
@@ -108,8 +127,15 @@ def free_env(tmp_path: Path) -> dict[str, str]:
     home = tmp_path / "user"
     home.mkdir(exist_ok=True)
     keep = {k: os.environ[k] for k in ("PATH", "LANG", "SYSTEMROOT", "TMPDIR") if k in os.environ}
-    return {**keep, "HOME": str(home), "LMSP_TRAY_HOME": str(tmp_path / "lmsp"), "PYTHONUNBUFFERED": "1",
-            "XDG_CACHE_HOME": str(home / ".cache"), "HF_HOME": str(home / "hf"), "OLLAMA_MODELS": str(home / "ol")}
+    return {
+        **keep,
+        "HOME": str(home),
+        "LMSP_TRAY_HOME": str(tmp_path / "lmsp"),
+        "PYTHONUNBUFFERED": "1",
+        "XDG_CACHE_HOME": str(home / ".cache"),
+        "HF_HOME": str(home / "hf"),
+        "OLLAMA_MODELS": str(home / "ol"),
+    }
 
 
 def service_url(tmp_path: Path, proc: subprocess.Popen, timeout: float = 120) -> str:
@@ -121,6 +147,7 @@ def service_url(tmp_path: Path, proc: subprocess.Popen, timeout: float = 120) ->
             return json.loads(discovery.read_text())["url"]
         except (OSError, ValueError, KeyError):
             return None
+
     return wait_for(read, timeout, "the frozen program's service.json")
 
 
@@ -129,9 +156,13 @@ def test_frozen_program_serves_a_generated_model(frozen, tmp_path, models_dir):
     token = cli_token([str(frozen)], free_env(tmp_path), cwd=tmp_path)
     started = time.monotonic()
     with out_file.open("w") as out:
-        proc = subprocess.Popen([str(frozen), "serve", "--port", "0", "--models-dir", str(models_dir),
-                                 "--no-default-dirs"], env=free_env(tmp_path), cwd=tmp_path, stdout=out,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [str(frozen), "serve", "--port", "0", "--models-dir", str(models_dir), "--no-default-dirs"],
+            env=free_env(tmp_path),
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         url = service_url(tmp_path, proc)
         print(f"frozen program listening {time.monotonic() - started:.1f} s after start")
@@ -140,8 +171,9 @@ def test_frozen_program_serves_a_generated_model(frozen, tmp_path, models_dir):
             assert doc["object"] == "service" and doc["service"]["name"] == "lmsp-tray"
             models = {m["id"]: m for m in c.get("/models").json()["data"]}
             assert models[TINY_ID]["state"] == "available" and models[TINY_ID]["architecture"] == "llama"
-            r = c.post("/responses", json={"model": TINY_ID, "input": "hello", "max_output_tokens": 4,
-                                           "temperature": 0})
+            r = c.post(
+                "/responses", json={"model": TINY_ID, "input": "hello", "max_output_tokens": 4, "temperature": 0}
+            )
             assert r.status_code == 200, r.text
             body = r.json()
             assert body["object"] == "response" and body["usage"]["output_tokens"] == 4
@@ -162,7 +194,7 @@ def idle_share(x, window: int) -> float:
     """Share of the icon window's pixels in the idle tile colour (screenshot + 4x crop in test-artifacts/)."""
     from PIL import Image
 
-    from lmsp_tray.icons import COLOURS
+    from lmsp_tray.desktop.icons import COLOURS
 
     shot = x.screenshot("frozen-tray-icon.png")
     geo = x.geometry(window)
@@ -171,10 +203,11 @@ def idle_share(x, window: int) -> float:
         crop = rgb.crop(geo.box())
         around = rgb.crop(geo.box(pad=8))
     around.resize((around.width * 4, around.height * 4), Image.Resampling.NEAREST).save(
-        shot.with_name("frozen-tray-icon-zoom.png"))
+        shot.with_name("frozen-tray-icon-zoom.png")
+    )
     fill = COLOURS["idle"][0]
     raw = crop.tobytes()
-    pixels = [tuple(raw[i:i + 3]) for i in range(0, len(raw), 3)]
+    pixels = [tuple(raw[i : i + 3]) for i in range(0, len(raw), 3)]
     return sum(1 for p in pixels if p == fill) / max(len(pixels), 1)
 
 
@@ -188,9 +221,13 @@ def test_frozen_program_shows_its_tray_icon(frozen, tmp_path, models_dir):
         env.update(DISPLAY=x.display_name, NO_AT_BRIDGE="1", GDK_BACKEND="x11", DBUS_SESSION_BUS_ADDRESS="disabled:")
         out_file = tmp_path / "frozen-tray.log"
         with out_file.open("w") as out:  # bare `lmsp-tray`: the tray, pystray choosing its backend itself
-            proc = subprocess.Popen([str(frozen), "--port", "0", "--models-dir", str(models_dir),
-                                     "--no-default-dirs"], env=env, cwd=tmp_path, stdout=out,
-                                    stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                [str(frozen), "--port", "0", "--models-dir", str(models_dir), "--no-default-dirs"],
+                env=env,
+                cwd=tmp_path,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         try:
             url = service_url(tmp_path, proc)
             window = wait_for(x.tray_icons, 60, "the frozen program's tray icon")[0]

@@ -16,33 +16,47 @@ def test_plain_string_input_and_defaults() -> None:
 
 
 def test_items_of_every_kind() -> None:
-    req = parse_response_create({
-        "model": "m",
-        "instructions": "sys",
-        "input": [
-            {"role": "developer", "content": "dev"},
-            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"},
-                                                            {"type": "input_text", "text": "b"}]},
-            {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
-            {"type": "function_call_output", "call_id": "call_1", "output": "42"},
-            {"type": "reasoning", "id": "rs_1", "summary": []},
-        ],
-        "extensions": {"lmsp_tray": {"seed": 3, "stop": "END", "top_k": 5}, "other_vendor": {"x": 1}},
-    })
+    req = parse_response_create(
+        {
+            "model": "m",
+            "instructions": "sys",
+            "input": [
+                {"role": "developer", "content": "dev"},
+                {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}],
+                },
+                {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "call_1", "output": "42"},
+                {"type": "reasoning", "id": "rs_1", "summary": []},
+            ],
+            "extensions": {"lmsp_tray": {"seed": 3, "stop": "END", "top_k": 5}, "other_vendor": {"x": 1}},
+        }
+    )
     assert req.items == [
-        Message("system", "sys"), Message("system", "dev"), Message("user", "ab"),
-        FunctionCall("call_1", "f", "{}"), FunctionCallOutput("call_1", "42"),
+        Message("system", "sys"),
+        Message("system", "dev"),
+        Message("user", "ab"),
+        FunctionCall("call_1", "f", "{}"),
+        FunctionCallOutput("call_1", "42"),
     ]
     assert req.seed == 3 and req.stop == ["END"] and req.top_k == 5
 
 
 def test_text_format_alias_for_response_format() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
-    req = parse_response_create({"model": "m", "input": "x",
-                                 "text": {"format": {"type": "json_schema", "name": "n", "schema": schema}}})
+    req = parse_response_create(
+        {"model": "m", "input": "x", "text": {"format": {"type": "json_schema", "name": "n", "schema": schema}}}
+    )
     assert req.json_schema == schema
-    req = parse_response_create({"model": "m", "input": "x",
-                                 "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}})
+    req = parse_response_create(
+        {
+            "model": "m",
+            "input": "x",
+            "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
+        }
+    )
     assert req.json_schema == schema
 
 

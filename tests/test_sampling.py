@@ -7,8 +7,8 @@ token is compared with a llama.cpp greedy chain's on the same logits.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import llama_cpp
 import pytest

@@ -8,11 +8,11 @@ import socket
 
 import httpx
 import pytest
+from support import TINY_ID, LiveDaemon, body
 
+from lmsp_tray.auth.tokens import SCOPES
 from lmsp_tray.http.app import all_routes
 from lmsp_tray.http.security import PUBLIC, required_scope
-from lmsp_tray.tokens import SCOPES
-from support import TINY_ID, LiveDaemon, body
 
 REALM = 'Bearer realm="lmsp"'
 
@@ -37,8 +37,13 @@ ENDPOINTS = [
     ("POST", "/auth/pairings/BCDF-GHJK/approve", None, "tokens:manage"),
     ("POST", "/auth/pairings/BCDF-GHJK/deny", None, "tokens:manage"),
 ]
-PUBLIC_ENDPOINTS = [("GET", ""), ("GET", "/"), ("GET", "/openapi.json"), ("POST", "/auth/pairings"),
-                    ("GET", "/auth/pairings/pair_01J8M6Q4W2T7N5R3V9X1Z8B0DF")]
+PUBLIC_ENDPOINTS = [
+    ("GET", ""),
+    ("GET", "/"),
+    ("GET", "/openapi.json"),
+    ("POST", "/auth/pairings"),
+    ("GET", "/auth/pairings/pair_01J8M6Q4W2T7N5R3V9X1Z8B0DF"),
+]
 
 
 def _route_pairs() -> list[tuple[str, object]]:
@@ -52,10 +57,24 @@ def test_scope_table_covers_every_route() -> None:
         scope = required_scope(method, sample)
         assert scope is not None, f"{method} {route.path} has no entry in security.ROUTE_SCOPES"  # type: ignore
         assert scope == PUBLIC or scope in SCOPES
-        called = [e for e in ENDPOINTS if e[0] == method and route.matches(  # type: ignore[attr-defined]
-            {"type": "http", "path": "/lmsp/v1" + e[1], "method": method})[0].name == "FULL"]
-        public = [p for p in PUBLIC_ENDPOINTS if p[0] == method and route.matches(  # type: ignore[attr-defined]
-            {"type": "http", "path": "/lmsp/v1" + p[1], "method": method})[0].name == "FULL"]
+        called = [
+            e
+            for e in ENDPOINTS
+            if e[0] == method
+            and route.matches(  # type: ignore[attr-defined]
+                {"type": "http", "path": "/lmsp/v1" + e[1], "method": method}
+            )[0].name
+            == "FULL"
+        ]
+        public = [
+            p
+            for p in PUBLIC_ENDPOINTS
+            if p[0] == method
+            and route.matches(  # type: ignore[attr-defined]
+                {"type": "http", "path": "/lmsp/v1" + p[1], "method": method}
+            )[0].name
+            == "FULL"
+        ]
         if scope == PUBLIC:
             assert public, f"public {method} {route.path} is not listed in PUBLIC_ENDPOINTS"  # type: ignore
         else:
@@ -82,15 +101,23 @@ def test_every_endpoint_by_credential(daemon: LiveDaemon, client: httpx.Client) 
     without_scope = {s: _token(client, *(o for o in SCOPES if o != s))[1] for s in SCOPES}
     problems = []
     for method, path, payload, scope in ENDPOINTS:
-        for label, auth in [("no token", None), ("wrong token", "Bearer lmsp_" + "A" * 43),
-                            ("not bearer", "Basic dXNlcjpwYXNz"), ("bare scheme", "Bearer"),
-                            ("revoked", f"Bearer {revoked}")]:
+        for label, auth in [
+            ("no token", None),
+            ("wrong token", "Bearer lmsp_" + "A" * 43),
+            ("not bearer", "Basic dXNlcjpwYXNz"),
+            ("bare scheme", "Bearer"),
+            ("revoked", f"Bearer {revoked}"),
+        ]:
             r = _call(daemon, method, path, payload, auth)
             if (r.status_code, r.headers.get("www-authenticate"), r.json().get("code")) != (401, REALM, "unauthorized"):
                 problems.append((method, path, label, r.status_code, r.text[:200]))
         r = _call(daemon, method, path, payload, f"Bearer {without_scope[scope]}")
         want = f'Bearer error="insufficient_scope", scope="{scope}"'
-        if (r.status_code, r.headers.get("www-authenticate"), r.json().get("code")) != (403, want, "insufficient_scope"):
+        if (r.status_code, r.headers.get("www-authenticate"), r.json().get("code")) != (
+            403,
+            want,
+            "insufficient_scope",
+        ):
             problems.append((method, path, "without scope", r.status_code, r.text[:200]))
         r = _call(daemon, method, path, payload, f"Bearer {with_scope[scope]}")
         if r.status_code in (401, 403) or r.status_code >= 500:
@@ -145,8 +172,10 @@ def test_token_listing_never_shows_secrets(client: httpx.Client, daemon: LiveDae
     assert secret not in text and daemon.owner_token not in text
     for record in daemon.daemon.auth.tokens.tokens():
         assert record.secret_hash not in text
-    assert all(set(t) == {"id", "object", "name", "scopes", "created_at", "last_used_at", "revoked_at", "owner"}
-               for t in client.get("/auth/tokens").json()["data"])
+    assert all(
+        set(t) == {"id", "object", "name", "scopes", "created_at", "last_used_at", "revoked_at", "owner"}
+        for t in client.get("/auth/tokens").json()["data"]
+    )
 
 
 def test_token_in_query_string_is_not_accepted(daemon: LiveDaemon) -> None:
@@ -155,7 +184,9 @@ def test_token_in_query_string_is_not_accepted(daemon: LiveDaemon) -> None:
 
 
 # -- Host (DNS rebinding) -------------------------------------------------------------------------
-def raw(live: LiveDaemon, head: str, body: bytes = b"", *, read_timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
+def raw(
+    live: LiveDaemon, head: str, body: bytes = b"", *, read_timeout: float = 30
+) -> tuple[int, dict[str, str], bytes]:
     """Send bytes as they are (no client fixing up Host), read the whole answer."""
     port = int(live.url.split(":")[2].split("/")[0])
     with socket.create_connection(("127.0.0.1", port), timeout=read_timeout) as s:
@@ -180,15 +211,32 @@ def parse_response(data: bytes) -> tuple[int, dict[str, str], bytes]:
     return status, headers, rest
 
 
-@pytest.mark.parametrize("host", [
-    "attacker.example", "attacker.example:7373", "127.0.0.1.attacker.example", "localhost.attacker.example",
-    "127.0.0.1.nip.io", "127.0.0.2", "0.0.0.0", "localhost.", "[::1].example", "127.0.0.1:", "127.0.0.1:99999",
-    "127.0.0.1:80:80", "[::1", "",
-])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "attacker.example",
+        "attacker.example:7373",
+        "127.0.0.1.attacker.example",
+        "localhost.attacker.example",
+        "127.0.0.1.nip.io",
+        "127.0.0.2",
+        "0.0.0.0",
+        "localhost.",
+        "[::1].example",
+        "127.0.0.1:",
+        "127.0.0.1:99999",
+        "127.0.0.1:80:80",
+        "[::1",
+        "",
+    ],
+)
 def test_foreign_host_is_forbidden(daemon: LiveDaemon, host: str) -> None:
     for path in ("/lmsp/v1", "/lmsp/v1/models"):
-        status, headers, data = raw(daemon, f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer "
-                                            f"{daemon.owner_token}\r\nConnection: close\r\n\r\n")
+        status, headers, data = raw(
+            daemon,
+            f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer "
+            f"{daemon.owner_token}\r\nConnection: close\r\n\r\n",
+        )
         assert status == 403, (host, status, data)
         assert json.loads(data)["code"] == "forbidden_host"
         assert headers["content-type"] == "application/problem+json"
@@ -197,18 +245,21 @@ def test_foreign_host_is_forbidden(daemon: LiveDaemon, host: str) -> None:
 def test_missing_or_doubled_host_is_forbidden(daemon: LiveDaemon) -> None:
     status, _, data = raw(daemon, "GET /lmsp/v1 HTTP/1.0\r\n\r\n")  # HTTP/1.0 may omit Host
     assert status == 403 and json.loads(data)["code"] == "forbidden_host"
-    status, _, data = raw(daemon, "GET /lmsp/v1 HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: attacker.example\r\n"
-                                  "Connection: close\r\n\r\n")
+    status, _, data = raw(
+        daemon, "GET /lmsp/v1 HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: attacker.example\r\nConnection: close\r\n\r\n"
+    )
     assert status in (400, 403)  # h11 refuses two Host headers itself; either way nothing is served
     assert b'"service"' not in data
 
 
-@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "LOCALHOST", "[::1]", "127.0.0.1:{port}",
-                                  "localhost:{port}", "[::1]:{port}"])
+@pytest.mark.parametrize(
+    "host", ["127.0.0.1", "localhost", "LOCALHOST", "[::1]", "127.0.0.1:{port}", "localhost:{port}", "[::1]:{port}"]
+)
 def test_loopback_hosts_are_served(daemon: LiveDaemon, host: str) -> None:
     port = daemon.url.split(":")[2].split("/")[0]
-    status, _, data = raw(daemon, f"GET /lmsp/v1 HTTP/1.1\r\nHost: {host.format(port=port)}\r\n"
-                                  "Connection: close\r\n\r\n")
+    status, _, data = raw(
+        daemon, f"GET /lmsp/v1 HTTP/1.1\r\nHost: {host.format(port=port)}\r\nConnection: close\r\n\r\n"
+    )
     assert status == 200 and json.loads(data)["object"] == "service"
 
 
@@ -218,8 +269,9 @@ def test_foreign_origin_is_forbidden_and_no_cors_by_default(daemon: LiveDaemon, 
     r = httpx.get(daemon.url + "/models", headers={**daemon.auth_headers, "Origin": origin}, timeout=30)
     assert r.status_code == 403 and r.json()["code"] == "forbidden_origin"
     assert not any(k.lower().startswith("access-control-") for k in r.headers)
-    r = httpx.options(daemon.url + "/models", headers={"Origin": origin, "Access-Control-Request-Method": "GET"},
-                      timeout=30)
+    r = httpx.options(
+        daemon.url + "/models", headers={"Origin": origin, "Access-Control-Request-Method": "GET"}, timeout=30
+    )
     assert r.status_code == 403 and not any(k.lower().startswith("access-control-") for k in r.headers)
     ok = httpx.get(daemon.url + "/models", headers=daemon.auth_headers, timeout=30)
     assert ok.status_code == 200 and not any(k.lower().startswith("access-control-") for k in ok.headers)
@@ -228,9 +280,15 @@ def test_foreign_origin_is_forbidden_and_no_cors_by_default(daemon: LiveDaemon, 
 def test_configured_origin_gets_exact_cors(daemon_factory) -> None:
     live = daemon_factory(allowed_origins=["http://localhost:3000"])
     origin = "http://localhost:3000"
-    r = httpx.options(live.url + "/responses", headers={
-        "Origin": origin, "Access-Control-Request-Method": "POST",
-        "Access-Control-Request-Headers": "authorization, content-type"}, timeout=30)
+    r = httpx.options(
+        live.url + "/responses",
+        headers={
+            "Origin": origin,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type",
+        },
+        timeout=30,
+    )
     assert r.status_code == 204
     assert r.headers["access-control-allow-origin"] == origin
     assert "authorization" in r.headers["access-control-allow-headers"].lower()
@@ -249,8 +307,13 @@ def test_configured_origin_gets_exact_cors(daemon_factory) -> None:
     assert r.status_code == 403 and r.json()["code"] == "forbidden_origin"
     assert "access-control-allow-origin" not in r.headers
     # Streams keep flowing through the CORS wrapper.
-    with httpx.stream("POST", live.url + "/responses", json=body(max_output_tokens=3, stream=True),
-                      headers={**live.auth_headers, "Origin": origin}, timeout=60) as s:
+    with httpx.stream(
+        "POST",
+        live.url + "/responses",
+        json=body(max_output_tokens=3, stream=True),
+        headers={**live.auth_headers, "Origin": origin},
+        timeout=60,
+    ) as s:
         assert s.headers["access-control-allow-origin"] == origin
         assert "event: response.incomplete" in s.read().decode()
 
@@ -266,9 +329,11 @@ def test_oversized_bodies_are_refused_and_service_goes_on(daemon_factory) -> Non
     def chunks():
         data = json.dumps(big).encode()
         for i in range(0, len(data), 1000):
-            yield data[i:i + 1000]
-    r = httpx.post(live.url + "/responses", content=chunks(), headers={**auth, "Content-Type": "application/json"},
-                   timeout=30)  # chunked: counted while reading
+            yield data[i : i + 1000]
+
+    r = httpx.post(
+        live.url + "/responses", content=chunks(), headers={**auth, "Content-Type": "application/json"}, timeout=30
+    )  # chunked: counted while reading
     assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
     r = httpx.post(live.url + "/auth/pairings", json={"app_name": "x" * 5000, "scopes": ["models:read"]}, timeout=30)
     assert r.status_code == 413  # also where no token is needed
@@ -283,9 +348,12 @@ def test_body_limit_is_enforced_before_the_body_ends(daemon_factory) -> None:
     live = daemon_factory(max_request_bytes=4096)
     port = int(live.url.split(":")[2].split("/")[0])
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-        s.sendall((f"POST /lmsp/v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
-                   f"{live.owner_token}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
-                   ).encode())
+        s.sendall(
+            (
+                f"POST /lmsp/v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+                f"{live.owner_token}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+            ).encode()
+        )
         chunk = b"[" * 1000
         for _ in range(8):  # 8000 bytes sent, the body never ends
             s.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
@@ -302,8 +370,11 @@ def test_body_limit_is_enforced_before_the_body_ends(daemon_factory) -> None:
 def test_deep_nesting_is_refused(client: httpx.Client) -> None:
     for depth in (65, 5000):
         nested = "[" * depth + "]" * depth
-        r = client.post("/responses", content=f'{{"model":"{TINY_ID}","input":{nested}}}',
-                        headers={"Content-Type": "application/json"})
+        r = client.post(
+            "/responses",
+            content=f'{{"model":"{TINY_ID}","input":{nested}}}',
+            headers={"Content-Type": "application/json"},
+        )
         assert r.status_code == 400 and r.json()["code"] == "invalid_request", r.text
         assert "nested" in r.json()["detail"]
     nested = '{"a":' * 3000 + "1" + "}" * 3000
@@ -314,8 +385,9 @@ def test_deep_nesting_is_refused(client: httpx.Client) -> None:
 
 def test_header_limit(daemon: LiveDaemon) -> None:
     """A request head over 32 KiB is refused by the HTTP layer (400), without a 5xx; the service goes on."""
-    status, _, _ = raw(daemon, "GET /lmsp/v1 HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + "a" * 40_000
-                       + "\r\nConnection: close\r\n\r\n")
+    status, _, _ = raw(
+        daemon, "GET /lmsp/v1 HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + "a" * 40_000 + "\r\nConnection: close\r\n\r\n"
+    )
     assert status == 400
     many = "".join(f"X-H{i}: {'v' * 60}\r\n" for i in range(1000))
     status, _, _ = raw(daemon, f"GET /lmsp/v1 HTTP/1.1\r\nHost: 127.0.0.1\r\n{many}Connection: close\r\n\r\n")
@@ -323,8 +395,9 @@ def test_header_limit(daemon: LiveDaemon) -> None:
     # A head that keeps growing without ending is cut off by h11 instead of being buffered.
     status, _, _ = raw(daemon, "GET /lmsp/v1 HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Endless: " + "a" * 100_000)
     assert status == 400
-    status, _, _ = raw(daemon, "GET /lmsp/v1 HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Ok: " + "a" * 8000
-                       + "\r\nConnection: close\r\n\r\n")
+    status, _, _ = raw(
+        daemon, "GET /lmsp/v1 HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Ok: " + "a" * 8000 + "\r\nConnection: close\r\n\r\n"
+    )
     assert status == 200
     assert httpx.get(daemon.url + "/models", headers=daemon.auth_headers, timeout=30).status_code == 200
 

@@ -5,17 +5,17 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import Route
+from support import SSE, iter_sse
 
 from lmsp_tray.http.sse import EventStream
 from lmsp_tray.protocol.events import Event
-from support import SSE, iter_sse
 
 
 async def slow_source(gaps: list[float], fail: bool = False) -> AsyncIterator[Event]:

@@ -23,7 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from lmsp_tray.store import Database
-from lmsp_tray.store.events import TERMINAL_EVENTS
+from lmsp_tray.store.event_log import TERMINAL_EVENTS
 
 CHILD = Path(__file__).with_name("store_crash_child.py")
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +34,11 @@ def spawn(db_path: Path, seed: int, *extra: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen(
         [sys.executable, str(CHILD), str(db_path), str(seed), *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(ROOT),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=str(ROOT),
     )
 
 
@@ -119,8 +123,12 @@ def test_sigkill_cycles_under_load_lose_nothing(tmp_path: Path) -> None:
     with Database(db_path) as db:
         assert db.integrity_check() == "ok"
         logs = db.read(lambda c: {r[0]: r[1] for r in c.execute("SELECT owner_id, last_seq FROM event_logs")})
-        all_events = db.read(lambda c: c.execute("SELECT owner_id, seq, event, data FROM events ORDER BY owner_id, seq").fetchall())
-        task_rows = db.read(lambda c: {r[0]: (r[1], r[2]) for r in c.execute("SELECT id, status, error_json FROM tasks")})
+        all_events = db.read(
+            lambda c: c.execute("SELECT owner_id, seq, event, data FROM events ORDER BY owner_id, seq").fetchall()
+        )
+        task_rows = db.read(
+            lambda c: {r[0]: (r[1], r[2]) for r in c.execute("SELECT id, status, error_json FROM tasks")}
+        )
 
     by_owner: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
     for owner, seq, name, data in all_events:
@@ -156,5 +164,7 @@ def test_sigkill_cycles_under_load_lose_nothing(tmp_path: Path) -> None:
     # every task queued before a kill was picked up in a later life (and ended failed only if
     # that life was killed while running it)
     assert queued and queued <= ran | failed
-    print(f"\ncrash cycles: {CYCLES}, under load: {killed_under_load}, events acked: {sum(acked.values())}, "
-          f"tasks: {dict(statuses)}")
+    print(
+        f"\ncrash cycles: {CYCLES}, under load: {killed_under_load}, events acked: {sum(acked.values())}, "
+        f"tasks: {dict(statuses)}"
+    )

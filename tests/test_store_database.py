@@ -18,8 +18,7 @@ def m002_test_table(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT NOT NULL)")
     conn.execute("CREATE TABLE parent (id INTEGER PRIMARY KEY)")
     conn.execute(
-        "CREATE TABLE child (id INTEGER PRIMARY KEY, "
-        "pid INTEGER REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED)"
+        "CREATE TABLE child (id INTEGER PRIMARY KEY, pid INTEGER REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED)"
     )
 
 
@@ -168,7 +167,9 @@ def test_queued_writes_share_one_transaction_and_fail_alone(db: Database) -> Non
     def check_visible(k: int, fut: Future) -> None:
         if not fut.exception():
             # Runs when the future resolves: the row must already be committed.
-            seen_at_resolve[k] = db.read(lambda c: c.execute("SELECT 1 FROM t WHERE k = ?", (k,)).fetchone()) is not None
+            seen_at_resolve[k] = (
+                db.read(lambda c: c.execute("SELECT 1 FROM t WHERE k = ?", (k,)).fetchone()) is not None
+            )
 
     def maybe_fail(conn: sqlite3.Connection, k: int) -> int:
         put(conn, k, f"v{k}")
@@ -207,14 +208,16 @@ def test_failed_group_commit_is_retried_write_by_write(db: Database) -> None:
 
 
 def test_writes_from_one_thread_commit_in_order(db: Database) -> None:
-    futures = [db.write(lambda c, k=k: c.execute("INSERT INTO t (v) VALUES (?)", (str(k),)).lastrowid) for k in range(300)]
+    futures = [
+        db.write(lambda c, k=k: c.execute("INSERT INTO t (v) VALUES (?)", (str(k),)).lastrowid) for k in range(300)
+    ]
     ids = [f.result(30) for f in futures]
     assert ids == sorted(ids)
     assert [int(v) for _, v in sorted(db.read(rows).items())] == list(range(300))
 
 
 def test_cancelled_write_never_runs(db: Database) -> None:
-    gate, holder = block_writer(db)
+    gate, _holder = block_writer(db)
     cancelled = db.write(put, 1, "never")
     kept = db.write(put, 2, "yes")
     assert cancelled.cancel()
@@ -231,7 +234,7 @@ def test_write_sync_inside_a_write_is_refused(db: Database) -> None:
 def test_close_drains_queued_writes_then_refuses_more(tmp_path: Path) -> None:
     path = tmp_path / "store.sqlite3"
     db = Database(path, migrations=WITH_TEST_TABLE)
-    gate, holder = block_writer(db)
+    gate, _holder = block_writer(db)
     futures = [db.write(put, k, "queued") for k in range(50)]
     closer = threading.Thread(target=db.close)
     closer.start()

@@ -8,8 +8,18 @@ from pathlib import Path
 import pytest
 
 from lmsp_tray.errors import EventHistoryExpired
-from lmsp_tray.store import Database, Housekeeper, StoredResponse, TokenRecord, purge
-from lmsp_tray.store import events, idempotency, responses, tasks, tokens
+from lmsp_tray.store import (
+    Database,
+    Housekeeper,
+    StoredResponse,
+    TokenRecord,
+    purge,
+)
+from lmsp_tray.store import access_tokens as tokens
+from lmsp_tray.store import event_log as events
+from lmsp_tray.store import idempotency_keys as idempotency
+from lmsp_tray.store import stored_responses as responses
+from lmsp_tray.store import task_rows as tasks
 from lmsp_tray.store.housekeeping import _expire_logs
 
 DAY = 86400.0
@@ -28,8 +38,9 @@ def finished_task(db: Database, tid: str, n_events: int, at: float) -> None:
     db.write_sync(tasks.mark_in_progress, tid, now=at)
     evs = [(seq, "response.output_text.delta", {"seq": seq, "pad": PAD}) for seq in range(1, n_events)]
     evs.append((n_events, "response.completed", {"seq": n_events}))
-    db.write_sync(tasks.finish, tid, "completed", response={"id": "resp_" + tid, "status": "completed"},
-                  events=evs, now=at)
+    db.write_sync(
+        tasks.finish, tid, "completed", response={"id": "resp_" + tid, "status": "completed"}, events=evs, now=at
+    )
 
 
 def count(db: Database, table: str) -> int:
@@ -43,8 +54,9 @@ def test_purge_expires_old_events_but_keeps_task_results(db: Database) -> None:
     db.write_sync(tasks.create, "task_running", {}, now=t0)
     db.write_sync(tasks.mark_in_progress, "task_running", now=t0)
     db.write_sync(events.append_events, "task_running", [(1, "response.created", {})], now=t0)
-    db.write_sync(events.append_events, "resp_stream", [(1, "response.created", {}), (2, "response.completed", {})],
-                  now=t0)
+    db.write_sync(
+        events.append_events, "resp_stream", [(1, "response.created", {}), (2, "response.completed", {})], now=t0
+    )
 
     report = purge(db, now=t0 + DAY + 1, event_retention_s=DAY, idempotency_ttl_s=2 * DAY, batch_size=7)
 
@@ -92,8 +104,14 @@ def test_purge_idempotency_keys_responses_and_old_tasks(db: Database) -> None:
     assert db.read(idempotency.get, "tok", "old") is None and db.read(idempotency.get, "tok", "new") is not None
     assert count(db, "responses") == 3 and count(db, "tasks") == 3  # no TTL given: kept
 
-    report = purge(db, now=t0 + 3 * DAY + 1, event_retention_s=DAY, idempotency_ttl_s=DAY,
-                   response_ttl_s=2 * DAY, task_ttl_s=2 * DAY)
+    report = purge(
+        db,
+        now=t0 + 3 * DAY + 1,
+        event_retention_s=DAY,
+        idempotency_ttl_s=DAY,
+        response_ttl_s=2 * DAY,
+        task_ttl_s=2 * DAY,
+    )
     assert report.responses == 2 and report.tasks == 1
     assert db.read(responses.get, "resp_2") is not None
     assert db.read(tasks.get, "task_ancient") is None and db.read(events.get_log, "task_ancient") is None
@@ -112,7 +130,7 @@ def test_purge_gives_pages_back(tmp_path: Path) -> None:
     with Database(tmp_path / "store.sqlite3") as db:
         for i in range(20):
             finished_task(db, f"task_{i:02d}", 50, 0.0)
-        pages = lambda: db.read(lambda c: c.execute("PRAGMA page_count").fetchone()[0])  # noqa: E731
+        pages = lambda: db.read(lambda c: c.execute("PRAGMA page_count").fetchone()[0])
         full = pages()
         report = purge(db, now=10 * DAY, event_retention_s=DAY)
         assert report.events == 1000 and report.pages_freed > 0
@@ -149,8 +167,9 @@ def test_housekeeper_thread_purges_and_flushes_last_used(db: Database) -> None:
     finished_task(db, "task_a", 3, 0.0)
     db.write_sync(tokens.insert, TokenRecord("tok_1", "laptop", ("models:read",), 0.0, "f" * 64))
     batcher = tokens.LastUsedBatcher()
-    keeper = Housekeeper(db, event_retention_s=60.0, interval_s=3600.0, flush_interval_s=0.05,
-                         last_used=batcher, clock=lambda: 1000.0)
+    keeper = Housekeeper(
+        db, event_retention_s=60.0, interval_s=3600.0, flush_interval_s=0.05, last_used=batcher, clock=lambda: 1000.0
+    )
     keeper.start()
     try:
         batcher.note("tok_1", 123.0)

@@ -17,8 +17,12 @@ from lmsp_tray.errors import (
     TaskNotFound,
 )
 from lmsp_tray.ids import new_id
-from lmsp_tray.store import Database, DuplicateEvent, EventSequenceError, StoreError, StoredResponse, TokenRecord
-from lmsp_tray.store import events, idempotency, responses, tasks, tokens
+from lmsp_tray.store import Database, DuplicateEvent, EventSequenceError, StoredResponse, StoreError, TokenRecord
+from lmsp_tray.store import access_tokens as tokens
+from lmsp_tray.store import event_log as events
+from lmsp_tray.store import idempotency_keys as idempotency
+from lmsp_tray.store import stored_responses as responses
+from lmsp_tray.store import task_rows as tasks
 
 
 @pytest.fixture
@@ -150,7 +154,9 @@ def test_duplicates_gaps_and_appends_after_the_end_are_refused(db: Database) -> 
     # the primary key backs the check up even for a writer that skips it
     with pytest.raises(sqlite3.IntegrityError):
         db.write_sync(
-            lambda c: c.execute("INSERT INTO events (owner_id, seq, event, data, created_at) VALUES ('task_a', 1, 'x', '{}', 0)")
+            lambda c: c.execute(
+                "INSERT INTO events (owner_id, seq, event, data, created_at) VALUES ('task_a', 1, 'x', '{}', 0)"
+            )
         )
 
 
@@ -176,8 +182,12 @@ def test_task_lifecycle(db: Database) -> None:
     assert (running.status, running.response_id, running.started_at) == ("in_progress", "resp_1", 11.0)
     assert db.write_sync(tasks.mark_in_progress, tid, now=12.0) is None
     done = db.write_sync(
-        tasks.finish, tid, "completed", response={"id": "resp_1", "status": "completed"},
-        events=[ev(1, "response.created"), ev(2, "response.completed")], now=13.0,
+        tasks.finish,
+        tid,
+        "completed",
+        response={"id": "resp_1", "status": "completed"},
+        events=[ev(1, "response.created"), ev(2, "response.completed")],
+        now=13.0,
     )
     assert (done.status, done.finished_at, done.response["id"], done.terminal) == ("completed", 13.0, "resp_1", True)
     assert db.read(events.get_log, tid).closed_at == 13.0
@@ -249,7 +259,10 @@ def test_recover_after_crash(db: Database) -> None:
     failed = db.write_sync(end, "task_run")
     assert failed.status == "failed" and failed.error == {"code": "service_restarted"}
     assert [(e.seq, e.event) for e in db.read(events.read_events, "task_run")] == [
-        (1, "response.created"), (2, "response.output_text.delta"), (3, "response.failed")]
+        (1, "response.created"),
+        (2, "response.output_text.delta"),
+        (3, "response.failed"),
+    ]
     assert db.write_sync(tasks.recover_after_crash).interrupted == []
 
 

@@ -13,15 +13,15 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
-
-from tools_support import client, live  # noqa: F401  (pytest fixtures shared by the tool tests)
-from tools_support import (
+from tools_support import (  # noqa: F401  (pytest fixtures shared by the tool tests)
     FORMAT_CHECKER,
     LLAMA_ID,
     PLAIN_ID,
     QWEN_ID,
     R1_ID,
     check_stream,
+    client,
+    live,
     output_of,
     seeded,
     stream,
@@ -30,31 +30,53 @@ from tools_support import (
 SCHEMAS: dict[str, dict[str, Any]] = {
     "object-required": {
         "type": "object",
-        "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"},
-                       "email": {"type": "string", "format": "email"}},
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer"},
+            "email": {"type": "string", "format": "email"},
+        },
         "required": ["name", "age"],
         "additionalProperties": False,
     },
     "nested": {
         "type": "object",
         "properties": {
-            "order": {"type": "object", "properties": {
-                "id": {"type": "string", "format": "uuid"},
-                "lines": {"type": "array", "minItems": 1, "maxItems": 3, "items": {
-                    "type": "object",
-                    "properties": {"sku": {"type": "string", "minLength": 3, "maxLength": 6},
-                                   "qty": {"type": "integer", "minimum": 1, "maximum": 99}},
-                    "required": ["sku", "qty"]}},
-            }, "required": ["id", "lines"]},
+            "order": {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "string", "format": "uuid"},
+                    "lines": {
+                        "type": "array",
+                        "minItems": 1,
+                        "maxItems": 3,
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "sku": {"type": "string", "minLength": 3, "maxLength": 6},
+                                "qty": {"type": "integer", "minimum": 1, "maximum": 99},
+                            },
+                            "required": ["sku", "qty"],
+                        },
+                    },
+                },
+                "required": ["id", "lines"],
+            },
         },
         "required": ["order"],
     },
-    "array-bounds": {"type": "array", "items": {"type": "integer", "minimum": -50, "maximum": 50},
-                     "minItems": 2, "maxItems": 5},
+    "array-bounds": {
+        "type": "array",
+        "items": {"type": "integer", "minimum": -50, "maximum": 50},
+        "minItems": 2,
+        "maxItems": 5,
+    },
     "enum-const": {
         "type": "object",
-        "properties": {"kind": {"const": "reading"}, "level": {"enum": ["low", "mid", "high", 3, None]},
-                       "ok": {"type": "boolean"}},
+        "properties": {
+            "kind": {"const": "reading"},
+            "level": {"enum": ["low", "mid", "high", 3, None]},
+            "ok": {"type": "boolean"},
+        },
         "required": ["kind", "level", "ok"],
     },
     "number-bounds": {
@@ -70,67 +92,111 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     },
     "string-lengths": {
         "type": "object",
-        "properties": {"code": {"type": "string", "minLength": 4, "maxLength": 4},
-                       "note": {"type": "string", "maxLength": 3}, "title": {"type": "string", "minLength": 2}},
+        "properties": {
+            "code": {"type": "string", "minLength": 4, "maxLength": 4},
+            "note": {"type": "string", "maxLength": 3},
+            "title": {"type": "string", "minLength": 2},
+        },
         "required": ["code", "note", "title"],
     },
     "formats": {
         "type": "object",
-        "properties": {"day": {"type": "string", "format": "date"}, "at": {"type": "string", "format": "date-time"},
-                       "clock": {"type": "string", "format": "time"}, "host": {"type": "string", "format": "hostname"},
-                       "ip": {"type": "string", "format": "ipv4"}, "url": {"type": "string", "format": "uri"}},
+        "properties": {
+            "day": {"type": "string", "format": "date"},
+            "at": {"type": "string", "format": "date-time"},
+            "clock": {"type": "string", "format": "time"},
+            "host": {"type": "string", "format": "hostname"},
+            "ip": {"type": "string", "format": "ipv4"},
+            "url": {"type": "string", "format": "uri"},
+        },
         "required": ["day", "at", "clock", "host", "ip", "url"],
     },
     "anyof-nullable": {
         "type": "object",
-        "properties": {"value": {"anyOf": [{"type": "integer", "minimum": 10, "maximum": 20},
-                                           {"type": "string", "maxLength": 2}, {"type": "null"}]},
-                       "maybe": {"type": ["boolean", "null"]}},
+        "properties": {
+            "value": {
+                "anyOf": [
+                    {"type": "integer", "minimum": 10, "maximum": 20},
+                    {"type": "string", "maxLength": 2},
+                    {"type": "null"},
+                ]
+            },
+            "maybe": {"type": ["boolean", "null"]},
+        },
         "required": ["value", "maybe"],
     },
     "refs-defs": {
-        "$defs": {"point": {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9},
-                                                             "y": {"type": "integer", "minimum": 0, "maximum": 9}},
-                            "required": ["x", "y"], "additionalProperties": False}},
+        "$defs": {
+            "point": {
+                "type": "object",
+                "properties": {
+                    "x": {"type": "integer", "minimum": 0, "maximum": 9},
+                    "y": {"type": "integer", "minimum": 0, "maximum": 9},
+                },
+                "required": ["x", "y"],
+                "additionalProperties": False,
+            }
+        },
         "type": "object",
         "properties": {"from": {"$ref": "#/$defs/point"}, "to": {"$ref": "#/$defs/point"}},
         "required": ["from", "to"],
     },
     "recursive": {
-        "$defs": {"node": {"type": "object", "properties": {
-            "label": {"enum": ["a", "b", "c"]},
-            "children": {"type": "array", "maxItems": 2, "items": {"$ref": "#/$defs/node"}}},
-            "required": ["label"]}},
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {
+                    "label": {"enum": ["a", "b", "c"]},
+                    "children": {"type": "array", "maxItems": 2, "items": {"$ref": "#/$defs/node"}},
+                },
+                "required": ["label"],
+            }
+        },
         "$ref": "#/$defs/node",
     },
     "oneof-tagged": {
         "oneOf": [
-            {"type": "object", "properties": {"shape": {"const": "circle"}, "r": {"type": "number", "minimum": 0,
-                                                                                  "maximum": 5}},
-             "required": ["shape", "r"]},
-            {"type": "object", "properties": {"shape": {"const": "square"}, "side": {"type": "integer",
-                                                                                     "minimum": 1, "maximum": 5}},
-             "required": ["shape", "side"]},
+            {
+                "type": "object",
+                "properties": {"shape": {"const": "circle"}, "r": {"type": "number", "minimum": 0, "maximum": 5}},
+                "required": ["shape", "r"],
+            },
+            {
+                "type": "object",
+                "properties": {"shape": {"const": "square"}, "side": {"type": "integer", "minimum": 1, "maximum": 5}},
+                "required": ["shape", "side"],
+            },
         ],
     },
     "tuple-map": {
         "type": "object",
         "properties": {
-            "pair": {"type": "array", "prefixItems": [{"type": "string", "maxLength": 3}, {"type": "boolean"}],
-                     "items": False},
-            "scores": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 9},
-                       "maxProperties": 3},
+            "pair": {
+                "type": "array",
+                "prefixItems": [{"type": "string", "maxLength": 3}, {"type": "boolean"}],
+                "items": False,
+            },
+            "scores": {
+                "type": "object",
+                "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 9},
+                "maxProperties": 3,
+            },
         },
         "required": ["pair", "scores"],
     },
 }
 
 
-
 def structured(model: str, schema: dict[str, Any], seed: int, **extra: Any) -> dict[str, Any]:
-    return {"model": model, "input": "Fill in the record.", "temperature": 1.0, "max_output_tokens": 400,
-            "response_format": {"type": "json_schema", "json_schema": {"name": "record", "schema": schema}},
-            "extensions": seeded(seed), **extra}
+    return {
+        "model": model,
+        "input": "Fill in the record.",
+        "temperature": 1.0,
+        "max_output_tokens": 400,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "record", "schema": schema}},
+        "extensions": seeded(seed),
+        **extra,
+    }
 
 
 def answer_json(doc: dict[str, Any]) -> Any:
@@ -165,24 +231,44 @@ def test_line_separator_characters_stay_inside_their_event(client: httpx.Client)
 
 def test_text_format_spelling_and_json_object(client: httpx.Client) -> None:
     schema = SCHEMAS["enum-const"]
-    body = {"model": LLAMA_ID, "input": "x", "temperature": 1.0, "max_output_tokens": 200, "extensions": seeded(1),
-            "text": {"format": {"type": "json_schema", "name": "r", "schema": schema}}}
+    body = {
+        "model": LLAMA_ID,
+        "input": "x",
+        "temperature": 1.0,
+        "max_output_tokens": 200,
+        "extensions": seeded(1),
+        "text": {"format": {"type": "json_schema", "name": "r", "schema": schema}},
+    }
     doc = client.post("/responses", json=body).json()
     jsonschema.validate(answer_json(doc), schema)
-    body = {"model": LLAMA_ID, "input": "x", "temperature": 1.0, "max_output_tokens": 300, "extensions": seeded(2),
-            "response_format": {"type": "json_object"}}
+    body = {
+        "model": LLAMA_ID,
+        "input": "x",
+        "temperature": 1.0,
+        "max_output_tokens": 300,
+        "extensions": seeded(2),
+        "response_format": {"type": "json_object"},
+    }
     doc = client.post("/responses", json=body).json()
     if doc["status"] == "completed":
         assert isinstance(answer_json(doc), dict)
 
 
 UNENFORCEABLE = [
-    ({"type": "object", "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"}}},
-     "response_format.json_schema.schema.properties.zip.pattern"),
-    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "response_format.json_schema.schema.uniqueItems"),
+    (
+        {"type": "object", "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"}}},
+        "response_format.json_schema.schema.properties.zip.pattern",
+    ),
+    (
+        {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+        "response_format.json_schema.schema.uniqueItems",
+    ),
     ({"type": "integer", "multipleOf": 5}, "response_format.json_schema.schema.multipleOf"),
     ({"not": {"type": "string"}}, "response_format.json_schema.schema.not"),
-    ({"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}, "response_format.json_schema.schema.if"),
+    (
+        {"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}},
+        "response_format.json_schema.schema.if",
+    ),
     ({"type": "string", "format": "ipv6"}, "response_format.json_schema.schema.format"),
     ({"type": "object", "patternProperties": {"^x": {}}}, "response_format.json_schema.schema.patternProperties"),
     ({"type": "array", "contains": {"type": "integer"}}, "response_format.json_schema.schema.contains"),
@@ -190,18 +276,27 @@ UNENFORCEABLE = [
     ({"allOf": [{"type": "object"}, {"required": ["a"]}]}, "response_format.json_schema.schema.allOf"),
     ({"$ref": "https://example.com/schema.json"}, "response_format.json_schema.schema.$ref"),
     ({"type": "number", "minimum": 0.2, "maximum": 0.8}, "response_format.json_schema.schema.minimum"),
-    ({"type": "object", "properties": {"a": {"type": "string", "minLength": 2, "format": "date"}}},
-     "response_format.json_schema.schema.properties.a.minLength"),
+    (
+        {"type": "object", "properties": {"a": {"type": "string", "minLength": 2, "format": "date"}}},
+        "response_format.json_schema.schema.properties.a.minLength",
+    ),
     ({"type": "object", "minProperties": 2}, None),  # a free-form map: the count is enforced
-    ({"type": "object", "properties": {"a": {}}, "minProperties": 1}, "response_format.json_schema.schema.minProperties"),
+    (
+        {"type": "object", "properties": {"a": {}}, "minProperties": 1},
+        "response_format.json_schema.schema.minProperties",
+    ),
     ({"type": "string", "frobnicate": True}, "response_format.json_schema.schema.frobnicate"),
-    ({"type": "object", "properties": {"a": {"type": "strnig"}}}, "response_format.json_schema.schema.properties.a.type"),
+    (
+        {"type": "object", "properties": {"a": {"type": "strnig"}}},
+        "response_format.json_schema.schema.properties.a.type",
+    ),
 ]
 
 
 @pytest.mark.parametrize("schema, param", UNENFORCEABLE)
-def test_unenforceable_schema_features_are_refused(client: httpx.Client, schema: dict[str, Any],
-                                                   param: str | None) -> None:
+def test_unenforceable_schema_features_are_refused(
+    client: httpx.Client, schema: dict[str, Any], param: str | None
+) -> None:
     r = client.post("/responses", json=structured(PLAIN_ID, schema, 0, max_output_tokens=60))
     if param is None:
         assert r.status_code == 200, r.text
@@ -214,8 +309,11 @@ def test_unenforceable_schema_features_are_refused(client: httpx.Client, schema:
 
 
 def test_text_format_errors_name_text_format(client: httpx.Client) -> None:
-    body = {"model": PLAIN_ID, "input": "x", "text": {"format": {"type": "json_schema", "name": "r",
-                                                                 "schema": {"type": "integer", "multipleOf": 2}}}}
+    body = {
+        "model": PLAIN_ID,
+        "input": "x",
+        "text": {"format": {"type": "json_schema", "name": "r", "schema": {"type": "integer", "multipleOf": 2}}},
+    }
     r = client.post("/responses", json=body)
     assert r.status_code == 400 and r.json()["param"] == "text.format.schema.multipleOf"
 
@@ -265,8 +363,13 @@ def test_reasoning_can_be_turned_off(client: httpx.Client, model: str) -> None:
 def test_free_text_thinking_becomes_a_reasoning_item(client: httpx.Client) -> None:
     thought = 0
     for seed in range(6):
-        body = {"model": R1_ID, "input": "Why is the sky blue?", "temperature": 1.0, "max_output_tokens": 120,
-                "extensions": seeded(seed)}
+        body = {
+            "model": R1_ID,
+            "input": "Why is the sky blue?",
+            "temperature": 1.0,
+            "max_output_tokens": 120,
+            "extensions": seeded(seed),
+        }
         items = client.post("/responses", json=body).json()["output"]
         if items[0]["type"] == "reasoning":  # the R1 prompt ends inside <think>
             thought += 1

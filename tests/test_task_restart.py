@@ -24,9 +24,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support import SLOW_ID, SSE, body, cli_token, free_port, iter_sse, wait_task
 
 from lmsp_tray.store import Database
-from support import SLOW_ID, SSE, body, cli_token, free_port, iter_sse, wait_task
 
 ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}
@@ -43,11 +43,27 @@ class Served:
         user = tmp_path / "user"
         user.mkdir()
         self.env = {k: v for k, v in os.environ.items() if k not in {"DISPLAY", "WAYLAND_DISPLAY", "XDG_RUNTIME_DIR"}}
-        self.env.update({"LMSP_TRAY_HOME": str(self.home), "HOME": str(user), "HF_HOME": str(user / "hf"),
-                         "OLLAMA_MODELS": str(user / "ollama"), "XDG_CACHE_HOME": str(user / ".cache")})
+        self.env.update(
+            {
+                "LMSP_TRAY_HOME": str(self.home),
+                "HOME": str(user),
+                "HF_HOME": str(user / "hf"),
+                "OLLAMA_MODELS": str(user / "ollama"),
+                "XDG_CACHE_HOME": str(user / ".cache"),
+            }
+        )
         self.models_dir = models_dir
-        self.token = cli_token([sys.executable, "-m", "lmsp_tray"], self.env, "models:read", "models:manage",
-                               "responses:create", "responses:read", "tasks:create", "tasks:read", cwd=ROOT)
+        self.token = cli_token(
+            [sys.executable, "-m", "lmsp_tray"],
+            self.env,
+            "models:read",
+            "models:manage",
+            "responses:create",
+            "responses:read",
+            "tasks:create",
+            "tasks:read",
+            cwd=ROOT,
+        )
         self.headers = {"Authorization": f"Bearer {self.token}"}
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/lmsp/v1"
@@ -59,9 +75,22 @@ class Served:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lmsp_tray", "serve", "--port", str(self.port), "--models-dir",
-             str(self.models_dir), "--no-default-dirs"],
-            cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            [
+                sys.executable,
+                "-m",
+                "lmsp_tray",
+                "serve",
+                "--port",
+                str(self.port),
+                "--models-dir",
+                str(self.models_dir),
+                "--no-default-dirs",
+            ],
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
 
     def wait_ready(self, timeout: float = 90) -> None:
         assert self.proc is not None
@@ -127,14 +156,15 @@ def test_sigkill_mid_task_then_restart(tmp_path: Path, models_dir: Path) -> None
     with httpx.Client(base_url=served.url, timeout=60, headers=served.headers) as c:
         assert c.get(f"/responses/{stored['id']}").json() == stored
         assert c.get(f"/tasks/{finished['id']}").json() == finished_doc
-        assert [(e.id, e.event, e.data) for e in read_all(c, finished["id"])] == \
-            [(e.id, e.event, e.data) for e in finished_events]
+        assert [(e.id, e.event, e.data) for e in read_all(c, finished["id"])] == [
+            (e.id, e.event, e.data) for e in finished_events
+        ]
 
         doc = c.get(f"/tasks/{running['id']}").json()
         assert doc["status"] == "failed" and doc["error"]["code"] == "service_restarted"
         evs = read_all(c, running["id"])
         assert [e.id for e in evs] == list(range(1, len(evs) + 1))
-        assert [(e.id, e.event, e.data) for e in evs[:len(seen)]] == [(e.id, e.event, e.data) for e in seen]
+        assert [(e.id, e.event, e.data) for e in evs[: len(seen)]] == [(e.id, e.event, e.data) for e in seen]
         assert evs[-1].event == "response.failed" and sum(e.event in TERMINAL for e in evs) == 1
         assert evs[-1].data["error"]["code"] == "service_restarted"
         assert evs[-1].data["sequence_number"] == evs[-1].id and evs[-1].data["response_id"] == running["response_id"]
@@ -185,8 +215,11 @@ class Load:
         kind = rnd.random()
         headers = {"Idempotency-Key": f"k{rnd.randrange(10**9)}"} if rnd.random() < 0.3 else {}
         if kind < 0.45:
-            r = c.post("/tasks", json=body(f"task {worker}", max_output_tokens=rnd.randint(4, 40),
-                                           store=rnd.random() < 0.5), headers=headers)
+            r = c.post(
+                "/tasks",
+                json=body(f"task {worker}", max_output_tokens=rnd.randint(4, 40), store=rnd.random() < 0.5),
+                headers=headers,
+            )
             if r.status_code == 202:
                 self.tasks.add(r.json()["id"])
                 if rnd.random() < 0.5:
@@ -194,15 +227,19 @@ class Load:
             elif r.status_code != 503:
                 self.errors.append(f"POST /tasks {r.status_code}: {r.text[:200]}")
         elif kind < 0.8:
-            r = c.post("/responses", json=body(f"stored {worker}", max_output_tokens=rnd.randint(2, 12), store=True),
-                       headers=headers)
+            r = c.post(
+                "/responses",
+                json=body(f"stored {worker}", max_output_tokens=rnd.randint(2, 12), store=True),
+                headers=headers,
+            )
             if r.status_code == 200:
                 self.stored[r.json()["id"]] = r.json()
             elif r.status_code not in (429, 503):
                 self.errors.append(f"POST /responses {r.status_code}: {r.text[:200]}")
         else:
-            with c.stream("POST", "/responses", json=body("streamed", max_output_tokens=20, stream=True),
-                          headers=headers) as r:
+            with c.stream(
+                "POST", "/responses", json=body("streamed", max_output_tokens=20, stream=True), headers=headers
+            ) as r:
                 for _ in iter_sse(r):
                     pass
 
@@ -247,8 +284,9 @@ def test_kill_restart_cycles_under_load(tmp_path: Path, models_dir: Path) -> Non
         assert set(tasks.values()) <= {"completed", "incomplete", "failed", "cancelled"}
         restarted = 0
         for task_id in tasks:
-            rows = conn.execute("SELECT seq, event, data FROM events WHERE owner_id = ? ORDER BY seq",
-                                (task_id,)).fetchall()
+            rows = conn.execute(
+                "SELECT seq, event, data FROM events WHERE owner_id = ? ORDER BY seq", (task_id,)
+            ).fetchall()
             seqs = [r[0] for r in rows]
             assert seqs == list(range(1, len(seqs) + 1)), f"{task_id}: {seqs}"
             names = [r[1] for r in rows]

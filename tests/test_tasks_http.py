@@ -7,7 +7,6 @@ import threading
 import time
 
 import httpx
-
 from support import SLOW_ID, SSE, TINY_ID, MemoryVault, body, iter_sse, wait_task
 
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}
@@ -21,8 +20,14 @@ def create(c: httpx.Client, **payload) -> dict:
     return doc
 
 
-def read(c: httpx.Client, task_id: str, *, after: int | None = None, last_event_id: int | None = None,
-         stop_after: int | None = None) -> list[SSE]:
+def read(
+    c: httpx.Client,
+    task_id: str,
+    *,
+    after: int | None = None,
+    last_event_id: int | None = None,
+    stop_after: int | None = None,
+) -> list[SSE]:
     """Read a task's events; with `stop_after`, cut the connection after that many events."""
     params = {"after": after} if after is not None else None
     headers = {"Last-Event-ID": str(last_event_id)} if last_event_id is not None else None
@@ -97,7 +102,7 @@ def test_resume_after_cutting_the_connection_at_20_points(daemon_factory) -> Non
 
 def test_readers_only_see_committed_events(daemon_factory) -> None:
     """Written, then sent: every event a reader gets is already in the database."""
-    from lmsp_tray.store import events as event_log
+    from lmsp_tray.store import event_log
 
     live = daemon_factory()
     db = live.daemon.db
@@ -132,8 +137,11 @@ def test_after_beats_last_event_id(client: httpx.Client) -> None:
     assert [e.id for e in read(client, task["id"], last_event_id=2)] == [e.id for e in full[2:]]
     assert [e.id for e in read(client, task["id"], after=5, last_event_id=2)] == [e.id for e in full[5:]]
     assert read(client, task["id"], after=full[-1].id) == []
-    for params, headers, param in (({"after": "x"}, {}, "after"), ({"after": "-1"}, {}, "after"),
-                                   ({}, {"Last-Event-ID": "abc"}, "Last-Event-ID")):
+    for params, headers, param in (
+        ({"after": "x"}, {}, "after"),
+        ({"after": "-1"}, {}, "after"),
+        ({}, {"Last-Event-ID": "abc"}, "Last-Event-ID"),
+    ):
         r = client.get(f"/tasks/{task['id']}/events", params=params, headers=headers)
         assert r.status_code == 400 and r.json()["param"] == param
 
@@ -157,7 +165,7 @@ def test_several_readers_follow_one_task(daemon_factory) -> None:
     full = results[0]
     assert [e[0] for e in full] == list(range(1, len(full) + 1)) and full[-1][1] in TERMINAL
     for n in range(1, 4):
-        assert results[n] == full[n * 3:]
+        assert results[n] == full[n * 3 :]
 
 
 def test_events_expire_after_retention_but_the_task_keeps_its_result(daemon_factory) -> None:
@@ -184,8 +192,9 @@ def test_events_expire_after_retention_but_the_task_keeps_its_result(daemon_fact
     db = live.daemon.db
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        left = db.read(lambda conn: conn.execute("SELECT COUNT(*) FROM events WHERE owner_id = ?",
-                                                 (task["id"],)).fetchone()[0])
+        left = db.read(
+            lambda conn: conn.execute("SELECT COUNT(*) FROM events WHERE owner_id = ?", (task["id"],)).fetchone()[0]
+        )
         if left == 0:
             break
         time.sleep(0.2)
@@ -260,8 +269,11 @@ def test_list_tasks(client: httpx.Client) -> None:
 
 
 def test_unknown_tasks_and_bad_requests(client: httpx.Client) -> None:
-    for method, path in (("GET", "/tasks/task_nope"), ("GET", "/tasks/task_nope/events"),
-                         ("POST", "/tasks/task_nope/cancel")):
+    for method, path in (
+        ("GET", "/tasks/task_nope"),
+        ("GET", "/tasks/task_nope/events"),
+        ("POST", "/tasks/task_nope/cancel"),
+    ):
         r = client.request(method, path)
         assert r.status_code == 404 and r.json()["code"] == "task_not_found"
     r = client.post("/tasks", json=body("x", model="nope:1b"))
@@ -286,14 +298,17 @@ def test_stored_task_response_continues_a_conversation(client: httpx.Client) -> 
     done = wait_task(client, task["id"], {"completed", "incomplete"})
     stored = client.get(f"/responses/{task['response_id']}")
     assert stored.status_code == 200 and stored.json() == done["response"]
-    r = client.post("/responses", json=body("second turn", max_output_tokens=4,
-                                              previous_response_id=task["response_id"]))
+    r = client.post(
+        "/responses", json=body("second turn", max_output_tokens=4, previous_response_id=task["response_id"])
+    )
     assert r.status_code == 200
     assert r.json()["usage"]["input_tokens"] > done["response"]["usage"]["input_tokens"]
     # A task can continue a conversation too.
     follow = create(client, **body("third turn", max_output_tokens=4, previous_response_id=task["response_id"]))
-    assert wait_task(client, follow["id"], {"completed", "incomplete"})["response"]["usage"]["input_tokens"] > \
-        done["response"]["usage"]["input_tokens"]
+    assert (
+        wait_task(client, follow["id"], {"completed", "incomplete"})["response"]["usage"]["input_tokens"]
+        > done["response"]["usage"]["input_tokens"]
+    )
 
 
 def test_shutdown_ends_running_tasks_cleanly_and_keeps_queued_ones(daemon_factory) -> None:

@@ -74,9 +74,11 @@ def test_raise_exception_becomes_invalid_request() -> None:
 
 
 def test_hf_helpers_available() -> None:
-    t = ChatTemplate("{{ messages[0] | tojson }}|{{ strftime_now('%Y') | length }}"
-                     "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m.role }}{% endfor %}",
-                     "model")
+    t = ChatTemplate(
+        "{{ messages[0] | tojson }}|{{ strftime_now('%Y') | length }}"
+        "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m.role }}{% endfor %}",
+        "model",
+    )
     assert t.render([{"role": "user", "content": "ж"}]) == '{"role": "user", "content": "ж"}|4user'
 
 

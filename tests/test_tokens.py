@@ -12,10 +12,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from secret_audit import find_leaks
+from support import MemoryVault
 
-from lmsp_tray.errors import Conflict, InvalidRequest, NotFound
-from lmsp_tray.store import Database
-from lmsp_tray.tokens import (
+from lmsp_tray.auth.tokens import (
     OWNER_NAME,
     SCOPES,
     MemoryTokenRepository,
@@ -26,9 +26,9 @@ from lmsp_tray.tokens import (
     generate_secret,
     hash_secret,
 )
-from lmsp_tray.vault import KeyringUnavailable
-from secret_audit import find_leaks
-from support import MemoryVault
+from lmsp_tray.auth.vault import KeyringUnavailable
+from lmsp_tray.errors import Conflict, InvalidRequest, NotFound
+from lmsp_tray.store import Database
 
 
 class BrokenVault(MemoryVault):
@@ -64,8 +64,15 @@ def test_create_authenticate_revoke_with_the_store(db: Database) -> None:
     assert issued.record.scopes == ("models:read", "responses:create")  # canonical order, no repeats
     assert issued.secret not in repr(issued) and issued.record.secret_hash not in repr(issued.record)
     assert manager.authenticate(issued.secret) == issued.record
-    for wrong in ("", "lmsp_", issued.secret[:-1], issued.secret + "x", "Bearer " + issued.secret,
-                  "lmsp_" + "A" * 1000, issued.record.secret_hash):
+    for wrong in (
+        "",
+        "lmsp_",
+        issued.secret[:-1],
+        issued.secret + "x",
+        "Bearer " + issued.secret,
+        "lmsp_" + "A" * 1000,
+        issued.record.secret_hash,
+    ):
         assert manager.authenticate(wrong) is None
     # A second manager over the same database (a restart) knows the token without the keyring.
     again = TokenManager(StoreTokenRepository(db), BrokenVault())
@@ -86,8 +93,10 @@ def test_last_used_is_batched_and_shown(db: Database) -> None:
     manager.authenticate(issued.secret)
     assert manager.get(issued.record.id).last_used_at == 1000.0  # pending, not yet written
     repo.last_used.flush(db)
-    assert db.read(lambda c: c.execute("SELECT last_used_at FROM tokens WHERE id = ?",
-                                       (issued.record.id,)).fetchone()[0]) == 1000.0
+    assert (
+        db.read(lambda c: c.execute("SELECT last_used_at FROM tokens WHERE id = ?", (issued.record.id,)).fetchone()[0])
+        == 1000.0
+    )
 
 
 def test_scopes_and_names_are_checked() -> None:

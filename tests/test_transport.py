@@ -13,7 +13,6 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-
 from support import LiveDaemon
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to find the server's socket")
@@ -44,7 +43,9 @@ def ask(conn: socket.socket, host: str) -> bytes:
     while b"\r\n\r\n" not in data:
         data += conn.recv(65536)
     head, _, rest = data.partition(b"\r\n\r\n")
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
     while len(rest) < length:
         rest += conn.recv(65536)
     assert head.startswith(b"HTTP/1.1 200"), head

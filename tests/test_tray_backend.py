@@ -16,13 +16,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from gguf_factory import write_tiny_gguf
-from lmsp_tray.autostart import Autostart
-from lmsp_tray.errors import LMSPError, ModelNotFound
-from lmsp_tray.menu import Action, ModelView, PairingView, build_menu, find_item
-from lmsp_tray.tray_backend import DaemonTrayBackend, TrayHooks, tray_hooks
 from support import SLOW_ID, SSE, TINY_ID, iter_sse
+
+from lmsp_tray.desktop.autostart import Autostart
+from lmsp_tray.desktop.backend import DaemonTrayBackend, TrayHooks, tray_hooks
+from lmsp_tray.desktop.menu import Action, ModelView, PairingView, build_menu, find_item
+from lmsp_tray.errors import LMSPError, ModelNotFound
 
 
 def wait_for(predicate, timeout: float = 30.0):
@@ -63,7 +63,11 @@ def test_snapshot_matches_the_api(backend, client, daemon):
     api = client.get("/models").json()["data"]
     assert [m.id for m in state.models] == [m["id"] for m in api]
     for view, obj in zip(state.models, api):
-        assert (view.size_bytes, view.quantization, view.state) == (obj["size_bytes"], obj["quantization"], obj["state"])
+        assert (view.size_bytes, view.quantization, view.state) == (
+            obj["size_bytes"],
+            obj["quantization"],
+            obj["state"],
+        )
     assert views(backend)[TINY_ID].quantization == "F32"
 
 
@@ -96,8 +100,9 @@ def test_api_loads_show_in_the_snapshot(backend, client):
 
 def test_generating_follows_the_scheduler(backend, client):
     assert not views(backend)[SLOW_ID].generating
-    with client.stream("POST", "/responses", json={"model": SLOW_ID, "input": "x", "max_output_tokens": 3000,
-                                                   "stream": True}) as r:
+    with client.stream(
+        "POST", "/responses", json={"model": SLOW_ID, "input": "x", "max_output_tokens": 3000, "stream": True}
+    ) as r:
         events = iter_sse(r)
         next(e for e in events if isinstance(e, SSE) and e.event == "response.output_text.delta")
         assert views(backend)[SLOW_ID].generating
@@ -111,9 +116,9 @@ def unknown_architecture(path: Path) -> Path:
     """Rename the architecture in a generated GGUF's header: discovery reads it, llama.cpp refuses it."""
     data = bytearray(path.read_bytes())
     at = data.index(b"general.architecture") + len(b"general.architecture")
-    assert data[at:at + 4] == (8).to_bytes(4, "little")  # a string value follows
-    size = int.from_bytes(data[at + 4:at + 12], "little")
-    data[at + 12:at + 12 + size] = b"xlama"
+    assert data[at : at + 4] == (8).to_bytes(4, "little")  # a string value follows
+    size = int.from_bytes(data[at + 4 : at + 12], "little")
+    data[at + 12 : at + 12 + size] = b"xlama"
     path.write_bytes(bytes(data))
     return path
 
@@ -184,11 +189,16 @@ def test_security_hooks_reach_the_menu(daemon, autostart):
         def act(pairing_id: str) -> None:
             answered.append((kind, pairing_id))
             pending.pop(pairing_id)
+
         return act
 
-    hooks = TrayHooks(access_token=lambda: "lmsp_secret", pending_pairings=lambda: list(pending.values()),
-                      approve_pairing=answer("approve"), deny_pairing=answer("deny"),
-                      subscribe_pairings=listeners.append)
+    hooks = TrayHooks(
+        access_token=lambda: "lmsp_secret",
+        pending_pairings=lambda: list(pending.values()),
+        approve_pairing=answer("approve"),
+        deny_pairing=answer("deny"),
+        subscribe_pairings=listeners.append,
+    )
     backend = DaemonTrayBackend(daemon.daemon, autostart, hooks)
     state = backend.snapshot()
     assert state.token_available
@@ -219,15 +229,18 @@ def test_quit_stops_the_daemon_cleanly(daemon_factory, autostart):
     streaming = threading.Event()
 
     def stream() -> None:
-        with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
-            with c.stream("POST", "/responses", json={"model": SLOW_ID, "input": "x", "max_output_tokens": 4000,
-                                                      "stream": True}) as r:
-                for event in iter_sse(r):
-                    if isinstance(event, SSE):
-                        if event.event == "response.output_text.delta":
-                            streaming.set()
-                        last = event.event
-                terminal.append(last)
+        with (
+            httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c,
+            c.stream(
+                "POST", "/responses", json={"model": SLOW_ID, "input": "x", "max_output_tokens": 4000, "stream": True}
+            ) as r,
+        ):
+            for event in iter_sse(r):
+                if isinstance(event, SSE):
+                    if event.event == "response.output_text.delta":
+                        streaming.set()
+                    last = event.event
+            terminal.append(last)
 
     reader = threading.Thread(target=stream)
     reader.start()

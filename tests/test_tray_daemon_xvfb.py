@@ -23,12 +23,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from gguf_factory import write_tiny_gguf
-from lmsp_tray.menu import ModelView, TrayState, build_menu
 from support import SLOW_ID, SSE, TINY_ID, cli_token, iter_sse
 from tray_driver import TIMEOUT, TrayProcess, as_shown, shown
 from xvfb import ROOT, XSession, missing_tools, spec_keys, wait_for
+
+from lmsp_tray.desktop.menu import ModelView, TrayState, build_menu
 
 KEYRING_NOTICE = "Keyring unavailable: no keyring backend is installed or running"
 
@@ -62,8 +62,12 @@ class DaemonTray(TrayProcess):
         for name in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS"):
             env.pop(name, None)
         env.update(
-            PYSTRAY_BACKEND="gtk", HOME=str(self.home), LMSP_TRAY_HOME=str(self.lmsp_home), PYTHONUNBUFFERED="1",
-            XDG_CACHE_HOME=str(self.home / ".cache"), HF_HOME=str(self.home / "hf"),
+            PYSTRAY_BACKEND="gtk",
+            HOME=str(self.home),
+            LMSP_TRAY_HOME=str(self.lmsp_home),
+            PYTHONUNBUFFERED="1",
+            XDG_CACHE_HOME=str(self.home / ".cache"),
+            HF_HOME=str(self.home / "hf"),
             OLLAMA_MODELS=str(self.home / "ollama"),
             # This checkout first (not an installed copy), then the probe's sitecustomize.
             PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests" / "probe_site")]),
@@ -88,6 +92,7 @@ class DaemonTray(TrayProcess):
                 return json.loads(self.discovery_file.read_text())["url"]
             except (OSError, ValueError, KeyError):
                 return None
+
         return wait_for(read, 120, "service.json")
 
 
@@ -132,9 +137,14 @@ def test_real_program_tray_drives_the_daemon(tray, xsession, models_dir):
         assert {m["id"] for m in models} == {TINY_ID, SLOW_ID}
         assert tray.wait_item(url)["text"] == f"{url} \u2014 0 of 2 models loaded"
         # The Gtk menu is the pure model's menu for what the API reports.
-        expected = build_menu(TrayState(url=url, models=tuple(ModelView(m["id"], m["size_bytes"], m["quantization"])
-                                                              for m in models),
-                                        token_available=True, notice=KEYRING_NOTICE))
+        expected = build_menu(
+            TrayState(
+                url=url,
+                models=tuple(ModelView(m["id"], m["size_bytes"], m["quantization"]) for m in models),
+                token_available=True,
+                notice=KEYRING_NOTICE,
+            )
+        )
         wait_for(lambda: shown(tray.menu()["items"]) == as_shown(expected), TIMEOUT, "the menu to match the API")
         assert tray.keys_to("Models", TINY_ID) == spec_keys(expected, "Models", TINY_ID)
         assert tray.item("Copy access token")["sensitive"] is True  # the session owner token
@@ -180,14 +190,19 @@ def test_real_program_tray_drives_the_daemon(tray, xsession, models_dir):
         streaming = threading.Event()
 
         def stream() -> None:
-            with httpx.Client(base_url=url, timeout=120, headers=auth) as c:
-                with c.stream("POST", "/responses", json={"model": SLOW_ID, "input": "x", "max_output_tokens": 4000,
-                                                          "stream": True}) as r:
-                    for event in iter_sse(r):
-                        if isinstance(event, SSE):
-                            events.append(event.event)
-                            if event.event == "response.output_text.delta":
-                                streaming.set()
+            with (
+                httpx.Client(base_url=url, timeout=120, headers=auth) as c,
+                c.stream(
+                    "POST",
+                    "/responses",
+                    json={"model": SLOW_ID, "input": "x", "max_output_tokens": 4000, "stream": True},
+                ) as r,
+            ):
+                for event in iter_sse(r):
+                    if isinstance(event, SSE):
+                        events.append(event.event)
+                        if event.event == "response.output_text.delta":
+                            streaming.set()
 
         reader = threading.Thread(target=stream, daemon=True)
         reader.start()
@@ -214,7 +229,7 @@ def test_default_backend_choice_falls_through_to_a_working_one(xsession):
     env = xsession.env
     env.pop("PYSTRAY_BACKEND", None)
     env["PYTHONPATH"] = str(ROOT)
-    code = "from lmsp_tray.tray import backend_name, load_pystray; print(backend_name(load_pystray()))"
+    code = "from lmsp_tray.desktop.tray import backend_name, load_pystray; print(backend_name(load_pystray()))"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() in {"appindicator", "gtk"}

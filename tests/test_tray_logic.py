@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from lmsp_tray.desktop.menu import Action, ModelView, PairingView, TrayState, build_menu
+from lmsp_tray.desktop.system import Clipboard, ClipboardError, display_available, headless_message, open_folder
+from lmsp_tray.desktop.tray import TrayApp, TrayUnavailable, default_icon_size, gtk_status_icon_size, pystray_menu
 from lmsp_tray.errors import ModelLoadFailed
-from lmsp_tray.menu import Action, ModelView, PairingView, TrayState, build_menu
-from lmsp_tray.desktop import Clipboard, ClipboardError, display_available, headless_message, open_folder
-from lmsp_tray.tray import TrayApp, TrayUnavailable, default_icon_size, gtk_status_icon_size, pystray_menu
 
 ROOT = Path(__file__).resolve().parent.parent
 URL = "http://127.0.0.1:7373/lmsp/v1"
@@ -93,18 +93,36 @@ class Backend:
         self._call("snapshot")
         return self.state
 
-    def load_model(self, model_id): self._call("load_model", model_id)
-    def unload_model(self, model_id): self._call("unload_model", model_id)
-    def unload_all(self): self._call("unload_all")
-    def rescan(self): self._call("rescan")
-    def models_folder(self): return self.folder
+    def load_model(self, model_id):
+        self._call("load_model", model_id)
+
+    def unload_model(self, model_id):
+        self._call("unload_model", model_id)
+
+    def unload_all(self):
+        self._call("unload_all")
+
+    def rescan(self):
+        self._call("rescan")
+
+    def models_folder(self):
+        return self.folder
+
     def access_token(self):
         self._call("access_token")
         return self.token
-    def set_autostart(self, enabled): self._call("set_autostart", enabled)
-    def approve_pairing(self, pid): self._call("approve_pairing", pid)
-    def deny_pairing(self, pid): self._call("deny_pairing", pid)
-    def quit(self): self._call("quit")
+
+    def set_autostart(self, enabled):
+        self._call("set_autostart", enabled)
+
+    def approve_pairing(self, pid):
+        self._call("approve_pairing", pid)
+
+    def deny_pairing(self, pid):
+        self._call("deny_pairing", pid)
+
+    def quit(self):
+        self._call("quit")
 
 
 class MemoryClipboard:
@@ -121,8 +139,13 @@ def app(pystray_pure, tmp_path):
     backend = Backend()
     backend.folder = tmp_path / "models"
     opened = []
-    app = TrayApp(backend, pystray=fake_pystray(pystray_pure), clipboard=MemoryClipboard(),
-                  opener=opened.append, handle_signals=False)
+    app = TrayApp(
+        backend,
+        pystray=fake_pystray(pystray_pure),
+        clipboard=MemoryClipboard(),
+        opener=opened.append,
+        handle_signals=False,
+    )
     app.opened = opened
     return app
 
@@ -147,8 +170,10 @@ def test_no_display_means_tray_unavailable_not_a_traceback():
     """A fresh process without DISPLAY: importing pystray fails; load_pystray says so in one line."""
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "PYSTRAY_BACKEND")}
     env["PYTHONPATH"] = str(ROOT)
-    code = ("from lmsp_tray.tray import load_pystray, TrayUnavailable\n"
-            "try:\n    load_pystray()\nexcept TrayUnavailable as e:\n    print('UNAVAILABLE', e)\n")
+    code = (
+        "from lmsp_tray.desktop.tray import load_pystray, TrayUnavailable\n"
+        "try:\n    load_pystray()\nexcept TrayUnavailable as e:\n    print('UNAVAILABLE', e)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.startswith("UNAVAILABLE the system tray is not available (")
     assert "Traceback" not in out.stderr
@@ -169,13 +194,18 @@ def test_clipboard_tools_in_order_and_secret_on_stdin_only():
         runs.append((argv, kw))
         return subprocess.CompletedProcess(argv, 0)
 
-    board = Clipboard(environ={"DISPLAY": ":0"}, platform="linux", which=lambda t: f"/usr/bin/{t}" if t == "xsel" else None, run=run)
+    board = Clipboard(
+        environ={"DISPLAY": ":0"}, platform="linux", which=lambda t: f"/usr/bin/{t}" if t == "xsel" else None, run=run
+    )
     assert board.copy("s3cret") == "xsel"
-    (argv, kw), = runs
+    ((argv, kw),) = runs
     assert argv == ["/usr/bin/xsel", "--clipboard", "--input"] and kw["input"] == b"s3cret"
     assert all("s3cret" not in a for a in argv)
     assert [c[0] for c in Clipboard(environ={"WAYLAND_DISPLAY": "w"}, platform="linux").commands()] == [
-        "wl-copy", "xclip", "xsel"]
+        "wl-copy",
+        "xclip",
+        "xsel",
+    ]
     assert Clipboard(platform="darwin").commands() == [["pbcopy"]]
     assert Clipboard(platform="win32").commands() == [["clip"]]
 
@@ -201,8 +231,9 @@ def test_real_clipboard_tool_on_a_real_display(monkeypatch):
         monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
         board = Clipboard(environ={"DISPLAY": x.display_name}, platform="linux")
         assert board.copy("lmsp clipboard check") == "xclip"
-        held = subprocess.run(["xclip", "-o", "-selection", "clipboard"], env=x.env, capture_output=True,
-                              text=True, timeout=10)
+        held = subprocess.run(
+            ["xclip", "-o", "-selection", "clipboard"], env=x.env, capture_output=True, text=True, timeout=10
+        )
         assert held.stdout == "lmsp clipboard check"
 
 
@@ -230,8 +261,12 @@ def test_open_folder_runs_the_file_manager_or_says_where_it_is(tmp_path, monkeyp
 
 
 def test_pystray_menu_mirrors_the_specs(pystray_pure):
-    state = TrayState(url=URL, models=(ModelView("a", 10, None, "loaded"), ModelView("b", 20)),
-                      pairings=(PairingView("p1", "App & Co", ("models:read",), "AB-CD"),), token_available=True)
+    state = TrayState(
+        url=URL,
+        models=(ModelView("a", 10, None, "loaded"), ModelView("b", 20)),
+        pairings=(PairingView("p1", "App & Co", ("models:read",), "AB-CD"),),
+        token_available=True,
+    )
     clicks = []
     menu = pystray_menu(pystray_pure, build_menu(state), lambda a, arg: clicks.append((a, arg)))
     items = list(menu)
@@ -311,8 +346,15 @@ def test_each_action_calls_the_backend(app):
     app.perform(Action.APPROVE_PAIRING, "p1")
     app.perform(Action.DENY_PAIRING, "p2")
     calls = [c for c in app.backend.calls if c[0] != "snapshot"]
-    assert calls == [("unload_model", "a"), ("unload_all",), ("rescan",), ("set_autostart", True),
-                     ("set_autostart", False), ("approve_pairing", "p1"), ("deny_pairing", "p2")]
+    assert calls == [
+        ("unload_model", "a"),
+        ("unload_all",),
+        ("rescan",),
+        ("set_autostart", True),
+        ("set_autostart", False),
+        ("approve_pairing", "p1"),
+        ("deny_pairing", "p2"),
+    ]
     assert "Found 1 model" in app.icon.notes
 
 

@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from lmsp_tray.menu import ModelView, TrayState, build_menu
 from tray_driver import TIMEOUT, TrayProcess, as_shown, shown
 from xvfb import ROOT, XSession, missing_tools, spec_keys, wait_for
+
+from lmsp_tray.desktop.menu import ModelView, TrayState, build_menu
 
 pytestmark = pytest.mark.skipif(bool(missing_tools()), reason=f"needs {', '.join(missing_tools())}")
 
@@ -58,8 +58,13 @@ class Tray(TrayProcess):
         state_dir.mkdir()
         self.home = tmp / "home"
         self.home.mkdir()
-        setup = {"url": URL, "token": SECRET, "gate": gate, "models": MODELS,
-                 "fail": {"broken": "not a GGUF file (bad magic b'PK\\x03\\x04')\nTraceback: should not show"}}
+        setup = {
+            "url": URL,
+            "token": SECRET,
+            "gate": gate,
+            "models": MODELS,
+            "fail": {"broken": "not a GGUF file (bad magic b'PK\\x03\\x04')\nTraceback: should not show"},
+        }
         (state_dir / "setup.json").write_text(json.dumps(setup))
         env = x.env
         env.update(PYSTRAY_BACKEND="gtk", HOME=str(self.home), PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
@@ -73,8 +78,10 @@ class Tray(TrayProcess):
             env.pop("DBUS_SESSION_BUS_ADDRESS", None)
             script = 'exec "$@"'
             if bus == "notifications":
-                script = ('"$0" tests/notify_server.py "$NOTIFY_OUT" & '
-                          'while [ ! -e "$NOTIFY_OUT.ready" ]; do sleep 0.05; done; exec "$@"')
+                script = (
+                    '"$0" tests/notify_server.py "$NOTIFY_OUT" & '
+                    'while [ ! -e "$NOTIFY_OUT.ready" ]; do sleep 0.05; done; exec "$@"'
+                )
                 env["NOTIFY_OUT"] = str(self.notifications)
             argv = ["dbus-run-session", "--", "sh", "-c", script, sys.executable, *runner]
         super().__init__(x, state_dir, argv, env, ROOT)
@@ -110,8 +117,13 @@ def test_icon_appears_menu_opens_click_loads_and_unloads_quit_exits_0(tray_facto
     status = tray.wait_item(URL)
     assert status["text"] == f"{URL} \u2014 0 of 3 models loaded"
     # The Gtk menu is exactly the pure model's menu for this state.
-    expected = build_menu(TrayState(url=URL, models=tuple(ModelView(m["id"], m["size_bytes"], m.get("quantization"))
-                                                          for m in MODELS), token_available=True))
+    expected = build_menu(
+        TrayState(
+            url=URL,
+            models=tuple(ModelView(m["id"], m["size_bytes"], m.get("quantization")) for m in MODELS),
+            token_available=True,
+        )
+    )
     assert shown(tray.menu()["items"]) == as_shown(expected)
     assert tray.keys_to("Models", "tiny-a") == spec_keys(expected, "Models", "tiny-a")
 
@@ -183,17 +195,32 @@ def test_api_changes_pairing_token_and_start_at_login(tray_factory, xsession):
 
     # Changes made through the API show up without touching the menu.
     changed = time.monotonic()
-    (tray.dir / "control.json").write_text(json.dumps({
-        "model_states": {"gemma-3:270m-q4_k_m": "loaded"},
-        "generating": {"gemma-3:270m-q4_k_m": True},
-        "pairings": [{"id": "pair_01", "app_name": "Notes\napp", "scopes": ["models:read", "responses:create"],
-                      "user_code": "WDJB-MJHT"}],
-    }))
+    (tray.dir / "control.json").write_text(
+        json.dumps(
+            {
+                "model_states": {"gemma-3:270m-q4_k_m": "loaded"},
+                "generating": {"gemma-3:270m-q4_k_m": True},
+                "pairings": [
+                    {
+                        "id": "pair_01",
+                        "app_name": "Notes\napp",
+                        "scopes": ["models:read", "responses:create"],
+                        "user_code": "WDJB-MJHT",
+                    }
+                ],
+            }
+        )
+    )
     entry = tray.wait_item("\u201cNotes app\u201d")
     print(f"menu followed an API change after {time.monotonic() - changed:.2f} s")
     assert entry["text"] == "\u201cNotes app\u201d \u2014 code WDJB-MJHT"
     assert [i.get("text") for i in entry["submenu"] if not i.get("separator")] == [
-        "App: Notes app", "Code: WDJB-MJHT", "Scopes: models:read, responses:create", "Approve", "Deny"]
+        "App: Notes app",
+        "Code: WDJB-MJHT",
+        "Scopes: models:read, responses:create",
+        "Approve",
+        "Deny",
+    ]
     gemma = tray.wait_item("Models", "gemma-3", check=lambda i: i["checked"] is True)
     assert gemma["text"].endswith("\u2014 generating")
     wait_for(lambda: tray.menu().get("activity") == "serving", TIMEOUT, "the serving icon")
@@ -208,14 +235,20 @@ def test_api_changes_pairing_token_and_start_at_login(tray_factory, xsession):
     # Copy access token: the secret reaches the clipboard (read by another X client), nothing else.
     tray.choose("Copy access token")
     tray.wait_event("access_token")
-    reader = ("import gi; gi.require_version('Gtk', '3.0'); gi.require_version('Gdk', '3.0');"
-              "from gi.repository import Gtk, Gdk;"
-              "print(Gtk.Clipboard.get(Gdk.SELECTION_CLIPBOARD).wait_for_text() or '', end='')")
-    clip = subprocess.run([sys.executable, "-c", reader], env=xsession.env, capture_output=True, text=True,
-                          timeout=TIMEOUT)
+    reader = (
+        "import gi; gi.require_version('Gtk', '3.0'); gi.require_version('Gdk', '3.0');"
+        "from gi.repository import Gtk, Gdk;"
+        "print(Gtk.Clipboard.get(Gdk.SELECTION_CLIPBOARD).wait_for_text() or '', end='')"
+    )
+    clip = subprocess.run(
+        [sys.executable, "-c", reader], env=xsession.env, capture_output=True, text=True, timeout=TIMEOUT
+    )
     assert clip.stdout == SECRET
-    notes = wait_for(lambda: tray.notifications.exists() and [json.loads(l) for l in
-                     tray.notifications.read_text().splitlines()], TIMEOUT, "a notification")
+    notes = wait_for(
+        lambda: tray.notifications.exists() and [json.loads(l) for l in tray.notifications.read_text().splitlines()],
+        TIMEOUT,
+        "a notification",
+    )
     assert any(n["body"] == "Access token copied to the clipboard" for n in notes)
 
     # Start at login: the checkbox writes and removes the real XDG autostart file.
@@ -236,4 +269,3 @@ def test_api_changes_pairing_token_and_start_at_login(tray_factory, xsession):
     assert all(SECRET not in n["summary"] + n["body"] for n in notes)
     assert SECRET not in tray.text_written()
     assert "Traceback" not in tray.output.read_text()
-

@@ -10,13 +10,13 @@ shortens what they write; whether it is *valid* is still up to the grammar.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import jsonschema
 import pytest
-
 from chat_templates import DEEPSEEK_R1, LLAMA31, QWEN3
 from gguf_factory import write_tiny_gguf
 from support import SSE, LiveDaemon, events, start_daemon
@@ -32,17 +32,41 @@ SCALE = 0.5  # flatter than the default tiny model: seeds make a difference
 
 def write_family_models(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    write_tiny_gguf(folder / "qwen3-tiny.gguf", chat_template=QWEN3, basename="qwen3-tiny", seed=3,
-                    context_length=4096, output_scale=SCALE,
-                    logit_bias={**BIAS, "<think>": 50.0, "</think>": 60.0, "<tool_call>": 80.0, "<|im_end|>": 66.0})
-    write_tiny_gguf(folder / "llama3-tiny.gguf", chat_template=LLAMA31, basename="llama3-tiny", seed=4,
-                    context_length=4096, output_scale=SCALE,
-                    logit_bias={**BIAS, "<|python_tag|>": 120.0, "<|eot_id|>": 66.0})
-    write_tiny_gguf(folder / "r1-tiny.gguf", chat_template=DEEPSEEK_R1, basename="r1-tiny", seed=5,
-                    context_length=4096, output_scale=SCALE,
-                    logit_bias={**BIAS, "</think>": 65.0})
-    write_tiny_gguf(folder / "plain-tiny.gguf", basename="plain-tiny", seed=6, context_length=4096, output_scale=SCALE,
-                    logit_bias=BIAS)
+    write_tiny_gguf(
+        folder / "qwen3-tiny.gguf",
+        chat_template=QWEN3,
+        basename="qwen3-tiny",
+        seed=3,
+        context_length=4096,
+        output_scale=SCALE,
+        logit_bias={**BIAS, "<think>": 50.0, "</think>": 60.0, "<tool_call>": 80.0, "<|im_end|>": 66.0},
+    )
+    write_tiny_gguf(
+        folder / "llama3-tiny.gguf",
+        chat_template=LLAMA31,
+        basename="llama3-tiny",
+        seed=4,
+        context_length=4096,
+        output_scale=SCALE,
+        logit_bias={**BIAS, "<|python_tag|>": 120.0, "<|eot_id|>": 66.0},
+    )
+    write_tiny_gguf(
+        folder / "r1-tiny.gguf",
+        chat_template=DEEPSEEK_R1,
+        basename="r1-tiny",
+        seed=5,
+        context_length=4096,
+        output_scale=SCALE,
+        logit_bias={**BIAS, "</think>": 65.0},
+    )
+    write_tiny_gguf(
+        folder / "plain-tiny.gguf",
+        basename="plain-tiny",
+        seed=6,
+        context_length=4096,
+        output_scale=SCALE,
+        logit_bias=BIAS,
+    )
     return folder
 
 
@@ -129,14 +153,20 @@ def check_stream(evs: list[SSE]) -> dict[str, Any]:
     """Stream invariants: ids 1..n, one terminal event last, deltas add up to each done item."""
     assert [e.id for e in evs] == list(range(1, len(evs) + 1))
     assert evs[0].event == "response.created"
-    terminal = [e for e in evs if e.event in {"response.completed", "response.incomplete", "response.failed",
-                                               "response.cancelled"}]
+    terminal = [
+        e
+        for e in evs
+        if e.event in {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}
+    ]
     assert len(terminal) == 1 and terminal[0] is evs[-1]
     added: dict[str, int] = {}
     deltas: dict[str, list[str]] = {}
     done: dict[str, dict[str, Any]] = {}
-    kinds = {"response.output_text.delta", "response.function_call_arguments.delta",
-             "response.reasoning_summary_text.delta"}
+    kinds = {
+        "response.output_text.delta",
+        "response.function_call_arguments.delta",
+        "response.reasoning_summary_text.delta",
+    }
     for e in evs:
         if e.event == "response.output_item.added":
             added[e.data["item"]["id"]] = e.id

@@ -14,11 +14,12 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from lmsp_tray.icons import COLOURS
 from xvfb import XSession, wait_for
+
+from lmsp_tray.desktop.icons import COLOURS
 
 TIMEOUT = 30
 
@@ -32,8 +33,9 @@ class TrayProcess:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.output = self.dir / "output.txt"
         self._out = self.output.open("w")
-        self.proc = subprocess.Popen(list(argv), env=env, cwd=cwd, stdout=self._out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            list(argv), env=env, cwd=cwd, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.started = time.monotonic()
 
     # -- observing --------------------------------------------------------------------------------
@@ -53,6 +55,7 @@ class TrayProcess:
     def wait_event(self, event: str, arg: object = None) -> dict:
         def found():
             return next((e for e in self.events() if e["event"] == event and (arg is None or e["arg"] == arg)), None)
+
         return wait_for(found, TIMEOUT, f"backend event {event} {arg or ''}")
 
     def item(self, *path: str, menu: dict | None = None) -> dict | None:
@@ -65,9 +68,16 @@ class TrayProcess:
             items = entry.get("submenu", [])
         return entry
 
+    @staticmethod
+    def _checked(item, check):
+        return item if item is not None and check(item) else None
+
     def wait_item(self, *path: str, check=lambda item: True, what: str = "") -> dict:
-        return wait_for(lambda: (lambda i: i if i is not None and check(i) else None)(self.item(*path)),
-                        TIMEOUT, what or f"menu item {' > '.join(path)}")
+        return wait_for(
+            lambda: self._checked(self.item(*path), check),
+            TIMEOUT,
+            what or f"menu item {' > '.join(path)}",
+        )
 
     # -- acting -----------------------------------------------------------------------------------
     def icon_window(self) -> int:
@@ -131,10 +141,11 @@ class TrayProcess:
             crop = image.convert("RGB").crop(geo.box())
             around = image.convert("RGB").crop(geo.box(pad=8))
         around.resize((around.width * 4, around.height * 4), Image.Resampling.NEAREST).save(
-            shot.with_name(shot.stem + "-zoom.png"))
+            shot.with_name(shot.stem + "-zoom.png")
+        )
         fill = COLOURS[activity][0]
         raw = crop.tobytes()
-        pixels = [tuple(raw[i:i + 3]) for i in range(0, len(raw), 3)]
+        pixels = [tuple(raw[i : i + 3]) for i in range(0, len(raw), 3)]
         return sum(1 for p in pixels if p == fill) / len(pixels)
 
     def wait_exit(self, timeout: float = TIMEOUT) -> int:
@@ -160,8 +171,12 @@ class TrayProcess:
 
 def shown(items: list[dict]) -> list:
     """The dumped Gtk menu as (text, sensitive, checked, submenu) tuples."""
-    return [("---",) if i.get("separator") else
-            (i["text"], i["sensitive"], i["checked"], shown(i["submenu"]) if "submenu" in i else None) for i in items]
+    return [
+        ("---",)
+        if i.get("separator")
+        else (i["text"], i["sensitive"], i["checked"], shown(i["submenu"]) if "submenu" in i else None)
+        for i in items
+    ]
 
 
 def as_shown(specs) -> list:

@@ -27,10 +27,11 @@ warnings.filterwarnings("ignore", category=DeprecationWarning)  # Gtk.StatusIcon
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from lmsp_tray.autostart import Autostart  # noqa: E402
-from lmsp_tray.errors import ModelLoadFailed, ModelNotFound  # noqa: E402
-from lmsp_tray.menu import ModelView, PairingView, TrayState, activity_for  # noqa: E402
-from gtk_probe import start_menu_dump  # noqa: E402
+from gtk_probe import start_menu_dump
+
+from lmsp_tray.desktop.autostart import Autostart
+from lmsp_tray.desktop.menu import ModelView, PairingView, TrayState, activity_for
+from lmsp_tray.errors import ModelLoadFailed, ModelNotFound
 
 
 class FileBackend:
@@ -68,8 +69,10 @@ class FileBackend:
         control = json.loads(path.read_text())
         with self.lock:
             if "pairings" in control:
-                self.pairings = {p["id"]: PairingView(p["id"], p["app_name"], tuple(p["scopes"]), p["user_code"])
-                                 for p in control["pairings"]}
+                self.pairings = {
+                    p["id"]: PairingView(p["id"], p["app_name"], tuple(p["scopes"]), p["user_code"])
+                    for p in control["pairings"]
+                }
             for model_id, state in control.get("model_states", {}).items():
                 m = self.models[model_id]
                 self.models[model_id] = ModelView(**{**m.__dict__, "state": state})
@@ -149,10 +152,13 @@ class FileBackend:
 
 def main() -> int:
     state_dir = Path(sys.argv[1])
-    logging.basicConfig(level=logging.INFO, filename=state_dir / "tray.log",
-                        format="%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO,
+        filename=state_dir / "tray.log",
+        format="%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s",
+    )
     backend = FileBackend(state_dir)
-    from lmsp_tray.tray import TrayApp
+    from lmsp_tray.desktop.tray import TrayApp
 
     app = TrayApp(backend, opener=lambda path: backend.record("open_folder", str(path)))
     start_menu_dump(app, state_dir)

@@ -18,9 +18,10 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Self, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
@@ -50,8 +51,10 @@ def wait_for(check: Callable[[], T], timeout: float, what: str, interval: float 
         except Exception as exc:  # noqa: BLE001 - retried until the deadline
             last_error = exc
         if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}" +
-                               (f" (last error: {last_error})" if last_error else ""))
+            raise TimeoutError(
+                f"timed out after {timeout:.0f} s waiting for {what}"
+                + (f" (last error: {last_error})" if last_error else "")
+            )
         time.sleep(interval)
 
 
@@ -107,7 +110,7 @@ class XSession:
         self.log_dir: Path | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------
-    def __enter__(self) -> "XSession":
+    def __enter__(self) -> Self:
         try:
             self.start()
         except BaseException:
@@ -123,9 +126,20 @@ class XSession:
         read_fd, write_fd = os.pipe()
         try:
             xvfb = subprocess.Popen(
-                ["Xvfb", "-displayfd", str(write_fd), "-screen", "0", f"{self.width}x{self.height}x24",
-                 "-nolisten", "tcp", "-noreset"],
-                pass_fds=(write_fd,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                [
+                    "Xvfb",
+                    "-displayfd",
+                    str(write_fd),
+                    "-screen",
+                    "0",
+                    f"{self.width}x{self.height}x24",
+                    "-nolisten",
+                    "tcp",
+                    "-noreset",
+                ],
+                pass_fds=(write_fd,),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
             self._procs.append(xvfb)
             os.close(write_fd)
@@ -144,9 +158,22 @@ class XSession:
         self.display_name = f":{int(number.strip())}"
         wait_for(self._open_display, 30, f"X display {self.display_name}")
         trayer = subprocess.Popen(
-            ["trayer", "--edge", "top", "--align", "right", "--widthtype", "request", "--height", "40",
-             "--SetDockType", "true"],
-            env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                "trayer",
+                "--edge",
+                "top",
+                "--align",
+                "right",
+                "--widthtype",
+                "request",
+                "--height",
+                "40",
+                "--SetDockType",
+                "true",
+            ],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         self._procs.append(trayer)
         wait_for(self.tray_host_ready, 30, "trayer to own _NET_SYSTEM_TRAY_S0")
@@ -244,8 +271,9 @@ class XSession:
 
     # -- input and output -------------------------------------------------------------------------
     def xdotool(self, *args: str) -> None:
-        subprocess.run(["xdotool", *args], env=self.env, check=True, timeout=30,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        subprocess.run(
+            ["xdotool", *args], env=self.env, check=True, timeout=30, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
 
     def click(self, window_id: int, button: int = 3) -> None:
         x, y = self.geometry(window_id).centre
@@ -259,6 +287,12 @@ class XSession:
 
     def screenshot(self, name: str) -> Path:
         path = self.artifacts / name
-        subprocess.run(["import", "-window", "root", str(path)], env=self.env, check=True, timeout=60,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        subprocess.run(
+            ["import", "-window", "root", str(path)],
+            env=self.env,
+            check=True,
+            timeout=60,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         return path

@@ -124,7 +124,7 @@ render() {  # render TEMPLATE OUT KIND: replace @EXEC@/@TRYEXEC@ with the venv's
     LMSP_EXE="$venv/bin/lmsp-tray" "$vpy" - "$1" "$2" "$3" <<'PY'
 import os, sys
 from pathlib import Path
-from lmsp_tray.autostart import desktop_exec, desktop_string
+from lmsp_tray.desktop.autostart import desktop_exec, desktop_string
 template, out, kind = sys.argv[1:4]
 exe = os.environ["LMSP_EXE"]
 if kind == "desktop":

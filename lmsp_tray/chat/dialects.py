@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from lmsp_tray.protocol.requests import FunctionCall, FunctionCallOutput, Item, Message, Tool
 
@@ -101,8 +102,10 @@ def instruction(tools: Sequence[Tool], choice: str | dict[str, str]) -> str:
         *(json.dumps(spec, ensure_ascii=False) for spec in tool_specs(tools)),
         "</tools>",
         "",
-        "For each function call, return a json object with function name and arguments within "
-        "<tool_call></tool_call> XML tags:",
+        (
+            "For each function call, return a json object with function name and arguments within "
+            "<tool_call></tool_call> XML tags:"
+        ),
         "<tool_call>",
         '{"name": <function-name>, "arguments": <args-json-object>}',
         "</tool_call>",
@@ -140,8 +143,11 @@ def conversation(items: Sequence[Item], dialect: Dialect, *, extra_system: str |
             messages.append({"role": item.role, "content": item.text})
         elif isinstance(item, FunctionCall):
             if dialect.native:
-                call = {"id": ids(item.call_id), "type": "function",
-                        "function": {"name": item.name, "arguments": _arguments(item.arguments)}}
+                call = {
+                    "id": ids(item.call_id),
+                    "type": "function",
+                    "function": {"name": item.name, "arguments": _arguments(item.arguments)},
+                }
                 last = messages[-1] if messages else None
                 if last and last["role"] == "assistant" and "tool_calls" in last:
                     last["tool_calls"].append(call)
@@ -150,8 +156,11 @@ def conversation(items: Sequence[Item], dialect: Dialect, *, extra_system: str |
                 else:
                     messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
             else:
-                text = "<tool_call>\n" + json.dumps({"name": item.name, "arguments": _arguments(item.arguments)},
-                                                    ensure_ascii=False) + "\n</tool_call>"
+                text = (
+                    "<tool_call>\n"
+                    + json.dumps({"name": item.name, "arguments": _arguments(item.arguments)}, ensure_ascii=False)
+                    + "\n</tool_call>"
+                )
                 last = messages[-1] if messages else None
                 if last and last["role"] == "assistant":
                     last["content"] = (last["content"] + "\n" if last["content"] else "") + text
@@ -159,8 +168,14 @@ def conversation(items: Sequence[Item], dialect: Dialect, *, extra_system: str |
                     messages.append({"role": "assistant", "content": text})
         elif isinstance(item, FunctionCallOutput):
             if dialect.native:
-                messages.append({"role": "tool", "tool_call_id": ids(item.call_id), "name": names.get(item.call_id, ""),
-                                 "content": item.output})
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": ids(item.call_id),
+                        "name": names.get(item.call_id, ""),
+                        "content": item.output,
+                    }
+                )
             else:
                 text = "<tool_response>\n" + item.output + "\n</tool_response>"
                 last = messages[-1] if messages else None

@@ -26,7 +26,7 @@ PRIMITIVES: dict[str, str] = {
     # escape. \u escapes of UTF-16 surrogates are left out so one `char` is one code point.
     # Surrogates and code points beyond U+10FFFF are out too (llama.cpp decodes bytes leniently).
     "char": r'[^"\\\x7F\x00-\x1F\uD800-\uDFFF\U00110000-\U7FFFFFFF] | "\\" (["\\/bfnrt] | "u" '
-            r'([0-9a-cA-CefEF] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2}))',
+    r"([0-9a-cA-CefEF] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2}))",
     "string": r'"\"" char* "\"" space',
     "integral-part": '"0" | [1-9] [0-9]{0,15}',
     "decimal-part": "[0-9]{1,16}",
@@ -235,8 +235,7 @@ def _nonnegative_part(lo: int | None, hi: int | None, lo_ex: bool, hi_ex: bool) 
     return alts
 
 
-def number_range(lo: int | None, hi: int | None, *, lo_exclusive: bool = False,
-                 hi_exclusive: bool = False) -> str:
+def number_range(lo: int | None, hi: int | None, *, lo_exclusive: bool = False, hi_exclusive: bool = False) -> str:
     """A GBNF expression for decimal numbers x with lo <(=) x <(=) hi; the bounds are integers.
 
     No exponents. Text `N.F` lies in [N, N+1) and `-N.F` in (-(N+1), -N], so each
@@ -262,7 +261,7 @@ _OCTET = '("25" [0-5] | "2" [0-4] [0-9] | "1" [0-9] [0-9] | [1-9] [0-9] | [0-9])
 FORMATS: dict[str, dict[str, str]] = {
     "date": {
         "fmt-date": 'fmt-year "-" ("0" [13578] "-" fmt-day31 | "1" [02] "-" fmt-day31 | "0" [469] "-" fmt-day30 '
-                    '| "11" "-" fmt-day30 | "02" "-" fmt-day28)',
+        '| "11" "-" fmt-day30 | "02" "-" fmt-day28)',
         "fmt-year": "[1-9] [0-9]{3}",
         "fmt-day28": '"0" [1-9] | "1" [0-9] | "2" [0-8]',
         "fmt-day30": 'fmt-day28 | "29" | "30"',
@@ -270,19 +269,19 @@ FORMATS: dict[str, dict[str, str]] = {
     },
     "time": {
         "fmt-time": '([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9] ":" [0-5] [0-9] ("." [0-9]{1,6})? '
-                    '("Z" | [+-] ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9])',
+        '("Z" | [+-] ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9])',
     },
     "date-time": {"fmt-date-time": 'fmt-date "T" fmt-time'},
     "uuid": {"fmt-uuid": '[0-9a-f]{8} "-" [0-9a-f]{4} "-" [0-9a-f]{4} "-" [0-9a-f]{4} "-" [0-9a-f]{12}'},
     "email": {
         "fmt-email": '[a-zA-Z0-9] ([a-zA-Z0-9._+-]{0,40} [a-zA-Z0-9])? "@" fmt-host',
-        "fmt-host": f"{_LABEL} (\".\" {_LABEL}){{1,4}}",
+        "fmt-host": f'{_LABEL} ("." {_LABEL}){{1,4}}',
     },
-    "hostname": {"fmt-hostname": f"{_LABEL} (\".\" {_LABEL}){{0,4}}"},
+    "hostname": {"fmt-hostname": f'{_LABEL} ("." {_LABEL}){{0,4}}'},
     "ipv4": {"fmt-ipv4": f'{_OCTET} "." {_OCTET} "." {_OCTET} "." {_OCTET}'},
     "uri": {
         "fmt-uri": '("https" | "http") "://" fmt-host-u (":" [1-9] [0-9]{0,3})? ("/" fmt-seg){0,8} ("?" fmt-seg)?',
-        "fmt-host-u": f"{_LABEL} (\".\" {_LABEL}){{0,4}}",
+        "fmt-host-u": f'{_LABEL} ("." {_LABEL}){{0,4}}',
         "fmt-seg": "[a-zA-Z0-9._~%!$&'()*+,;=:@-]{0,30}",
     },
 }

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from lmsp_tray.chat.dialects import CallSyntax
 from lmsp_tray.protocol.events import Event, ResponseAssembler
 
 Op = tuple[str, str]
-_HEAD_RE = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(arguments|parameters)"\s*:\s*', re.S)
+_HEAD_RE = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(arguments|parameters)"\s*:\s*', re.DOTALL)
 _WS = " \t\r\n"
 
 
@@ -264,7 +265,7 @@ class OutputParser:
         at, marker = _earliest(buf, self._markers)
         if marker is not None:
             self._text(ops, buf[:at].rstrip(_WS))
-            self._buf = buf[at + len(marker):]
+            self._buf = buf[at + len(marker) :]
             if self.cfg.think and marker == self.cfg.think[0]:
                 self._state = "reasoning"
                 self._drop_ws = True
@@ -279,7 +280,7 @@ class OutputParser:
         text = buf[: len(buf) - keep]
         text = text.rstrip(_WS)  # trailing blanks wait: a marker may follow them
         self._text(ops, text)
-        self._buf = buf[len(text):]
+        self._buf = buf[len(text) :]
 
     def _text(self, ops: list[Op], text: str) -> None:
         if not text:
@@ -302,7 +303,7 @@ class OutputParser:
             text = buf[:at].rstrip(_WS)
             if text:
                 ops.append(("reasoning", text))
-            self._buf = buf[at + len(close):]
+            self._buf = buf[at + len(close) :]
             self._boundary()
             return
         if final:
@@ -311,7 +312,7 @@ class OutputParser:
         text = buf[: len(buf) - keep].rstrip(_WS)
         if text:
             ops.append(("reasoning", text))
-        self._buf = buf[len(text):]
+        self._buf = buf[len(text) :]
 
     def _boundary(self) -> None:
         """An item ended: back to message text, dropping the blanks that follow."""
@@ -390,7 +391,7 @@ class OutputParser:
         if kind == "hermes":
             close = syntax.close or ""
             if head.startswith(close):
-                self._buf = head[len(close):]
+                self._buf = head[len(close) :]
                 self._end_group()
             elif final or (head and not close.startswith(head)):
                 self._end_group()  # lenient: a well-formed call without its closing tag

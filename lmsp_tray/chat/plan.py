@@ -88,17 +88,23 @@ def prepare(request: ResponseRequest) -> OutputSpec:
     arg_rules: dict[str, str] = {}
     for i, tool in enumerate(request.tools):
         if not TOOL_NAME_RE.match(tool.name):
-            raise InvalidRequest(f"Tool name '{tool.name}' must be 1-64 letters, digits, '_' or '-'.",
-                                 param=f"tools[{i}].name")
+            raise InvalidRequest(
+                f"Tool name '{tool.name}' must be 1-64 letters, digits, '_' or '-'.", param=f"tools[{i}].name"
+            )
         if tool.name in seen:
-            raise InvalidRequest(f"Tool name '{tool.name}' is used by tools[{seen[tool.name]}] already; names "
-                                 f"must be unique.", param=f"tools[{i}].name")
+            raise InvalidRequest(
+                f"Tool name '{tool.name}' is used by tools[{seen[tool.name]}] already; names must be unique.",
+                param=f"tools[{i}].name",
+            )
         seen[tool.name] = i
         params = tool.parameters
         kind = params.get("type") if isinstance(params, dict) else None
         if not isinstance(params, dict) or (kind != "object" and not (kind is None and "properties" in params)):
-            raise InvalidRequest("A tool's 'parameters' must be a JSON Schema for an object ({\"type\": \"object\", "
-                                 "\"properties\": {...}}).", param=f"tools[{i}].parameters")
+            raise InvalidRequest(
+                'A tool\'s \'parameters\' must be a JSON Schema for an object ({"type": "object", '
+                '"properties": {...}}).',
+                param=f"tools[{i}].parameters",
+            )
         try:
             arg_rules[tool.name] = SchemaCompiler(g, params, name=f"fn{i}-args").compile()
         except SchemaError as exc:
@@ -107,8 +113,9 @@ def prepare(request: ResponseRequest) -> OutputSpec:
     choice = request.tool_choice
     if isinstance(choice, dict):
         if choice.get("name") not in seen:
-            raise InvalidRequest(f"tool_choice names '{choice.get('name')}', which is not among the tools.",
-                                 param="tool_choice.name")
+            raise InvalidRequest(
+                f"tool_choice names '{choice.get('name')}', which is not among the tools.", param="tool_choice.name"
+            )
     elif choice == "required" and not request.tools:
         raise InvalidRequest("tool_choice 'required' needs at least one tool in 'tools'.", param="tool_choice")
     json_rule = None
@@ -160,8 +167,10 @@ def _call_object(g: Grammar, syntax: CallSyntax, spec: OutputSpec, names: list[s
     g.primitive("space")
     alts = []
     for name in names:
-        alts.append(f'{literal(_json_str(name))} space "," space {literal(_json_str(syntax.args_key))} space ":" space '
-                    f"{spec.arg_rules[name]}")
+        alts.append(
+            f'{literal(_json_str(name))} space "," space {literal(_json_str(syntax.args_key))} space ":" space '
+            f"{spec.arg_rules[name]}"
+        )
     choice = g.add(f"{syntax.family}-fn", " | ".join(alts))
     return g.add(f"{syntax.family}-obj", rf'"{{" space "\"name\"" space ":" space ({choice}) "}}"')
 
@@ -184,7 +193,7 @@ def call_rules(g: Grammar, syntax: CallSyntax, spec: OutputSpec, native: bool = 
         return g.add("m-calls", f"{literal(syntax.open)} {after}"), after
     obj = _call_object(g, syntax, spec, names)
     if syntax.family == "llama3":
-        return g.add("l3-calls", f'{literal(syntax.open)}? {obj}'), obj
+        return g.add("l3-calls", f"{literal(syntax.open)}? {obj}"), obj
     if syntax.family == "mistral":
         after = g.add("m-after", f'"[" {obj} ("," space {obj})* "]"' if many else f'"[" {obj} "]"')
         return g.add("m-calls", f"{literal(syntax.open)} {after}"), after

@@ -23,11 +23,29 @@ from lmsp_tray.chat.gbnf import FORMATS, Grammar, format_rule, integer_range, li
 
 Path = tuple[str | int, ...]
 
-ANNOTATIONS = frozenset({
-    "title", "description", "default", "examples", "$schema", "$id", "$anchor", "$comment", "deprecated",
-    "readOnly", "writeOnly", "nullable", "discriminator", "propertyOrdering", "contentEncoding",
-    "contentMediaType", "$defs", "definitions", "strict",
-})
+ANNOTATIONS = frozenset(
+    {
+        "title",
+        "description",
+        "default",
+        "examples",
+        "$schema",
+        "$id",
+        "$anchor",
+        "$comment",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "nullable",
+        "discriminator",
+        "propertyOrdering",
+        "contentEncoding",
+        "contentMediaType",
+        "$defs",
+        "definitions",
+        "strict",
+    }
+)
 KEYWORDS_BY_TYPE = {
     "object": frozenset({"properties", "required", "additionalProperties", "minProperties", "maxProperties"}),
     "array": frozenset({"items", "prefixItems", "minItems", "maxItems", "uniqueItems"}),
@@ -144,9 +162,9 @@ class SchemaCompiler:
 
     # -- keyword checks -------------------------------------------------------------------------
     def _check_keywords(self, schema: dict[str, Any], path: Path) -> None:
-        for key in schema:
+        for key, value in schema.items():
             if key in NOT_ENFORCEABLE:
-                if key == "multipleOf" and schema[key] == 1 and schema.get("type") == "integer":
+                if key == "multipleOf" and value == 1 and schema.get("type") == "integer":
                     continue
                 raise SchemaError(path + (key,), NOT_ENFORCEABLE[key])
             if key in GENERAL or key in ANNOTATIONS or key.startswith("x-"):
@@ -160,8 +178,9 @@ class SchemaCompiler:
         """`key` must not be combined with constraining siblings (annotations are fine)."""
         for other in schema:
             if other != key and other not in ANNOTATIONS and other not in allowed and not other.startswith("x-"):
-                raise SchemaError(path + (other,), f"'{other}' next to '{key}' cannot be enforced; move it into "
-                                                   f"the '{key}' branches")
+                raise SchemaError(
+                    path + (other,), f"'{other}' next to '{key}' cannot be enforced; move it into the '{key}' branches"
+                )
 
     def _types(self, schema: dict[str, Any], path: Path) -> list[str]:
         declared = schema.get("type")
@@ -214,8 +233,11 @@ class SchemaCompiler:
             allowed = set(self._types(schema, path)) | ({"integer"} if "number" in schema["type"] else set())
             branches = [self._narrow(b, allowed, path + (key, i)) for i, b in enumerate(branches)]
         if key == "oneOf" and not self._disjoint(branches, path + (key,)):
-            raise SchemaError(path + (key,), "oneOf branches that may overlap cannot be enforced; use anyOf, or give "
-                                             "each branch a different type or a distinguishing const property")
+            raise SchemaError(
+                path + (key,),
+                "oneOf branches that may overlap cannot be enforced; use anyOf, or give "
+                "each branch a different type or a distinguishing const property",
+            )
         alts = [self.visit(b, path + (key, i), f"{name}-{i}") for i, b in enumerate(branches)]
         return self.grammar.add(name, " | ".join(alts))
 
@@ -224,8 +246,13 @@ class SchemaCompiler:
         if branch is True or branch == {}:
             return {"type": sorted(allowed)}
         target = self._effective(branch, path)
-        if isinstance(target, dict) and "type" not in target and "$ref" not in branch and not (
-            "anyOf" in target or "oneOf" in target or "allOf" in target or "const" in target or "enum" in target
+        if (
+            isinstance(target, dict)
+            and "type" not in target
+            and "$ref" not in branch
+            and not (
+                "anyOf" in target or "oneOf" in target or "allOf" in target or "const" in target or "enum" in target
+            )
         ):
             return {**target, "type": sorted(allowed)}
         if isinstance(target, dict) and "type" in target:
@@ -257,7 +284,7 @@ class SchemaCompiler:
                 kinds.append(set(t) | ({"integer"} if "number" in t else set()))
             else:
                 return False
-        if all(not (a & c) for i, a in enumerate(kinds) for c in kinds[i + 1:]):
+        if all(not (a & c) for i, a in enumerate(kinds) for c in kinds[i + 1 :]):
             return True
         # Objects told apart by a required property with a different const in each branch.
         if all(k == {"object"} for k in kinds):
@@ -352,16 +379,24 @@ class SchemaCompiler:
                 cand = (math.floor(value), False)
             if hi is None or cand[0] < hi[0] or (cand[0] == hi[0] and cand[1]):
                 hi = cand
-        keyword = "minimum" if "minimum" in schema else "exclusiveMinimum" if "exclusiveMinimum" in schema else "maximum"
+        keyword = (
+            "minimum" if "minimum" in schema else "exclusiveMinimum" if "exclusiveMinimum" in schema else "maximum"
+        )
         try:
             if kind == "integer":
                 body = integer_range(lo[0] if lo else None, hi[0] if hi else None)
             else:
-                body = number_range(lo[0] if lo else None, hi[0] if hi else None,
-                                    lo_exclusive=bool(lo and lo[1]), hi_exclusive=bool(hi and hi[1]))
+                body = number_range(
+                    lo[0] if lo else None,
+                    hi[0] if hi else None,
+                    lo_exclusive=bool(lo and lo[1]),
+                    hi_exclusive=bool(hi and hi[1]),
+                )
         except ValueError:
-            raise SchemaError(path + (keyword,), "the bounds leave no value that can be generated (for 'number', "
-                                                 "only whole-number ranges are enforced)") from None
+            raise SchemaError(
+                path + (keyword,),
+                "the bounds leave no value that can be generated (for 'number', only whole-number ranges are enforced)",
+            ) from None
         g.primitive("space")
         return g.add(name, f"{body} space")
 
@@ -379,11 +414,14 @@ class SchemaCompiler:
         fmt = schema.get("format")
         if fmt is not None:
             if fmt not in FORMATS:
-                raise SchemaError(path + ("format",), f"format '{fmt}' cannot be enforced; supported: "
-                                                      f"{', '.join(sorted(FORMATS))}")
+                raise SchemaError(
+                    path + ("format",), f"format '{fmt}' cannot be enforced; supported: {', '.join(sorted(FORMATS))}"
+                )
             if lo is not None or hi is not None:
-                raise SchemaError(path + ("minLength" if lo is not None else "maxLength",),
-                                  "length limits together with 'format' cannot be enforced")
+                raise SchemaError(
+                    path + ("minLength" if lo is not None else "maxLength",),
+                    "length limits together with 'format' cannot be enforced",
+                )
             return format_rule(g, fmt)
         if lo is None and hi is None:
             return g.primitive("string")
@@ -458,27 +496,33 @@ class SchemaCompiler:
                 continue
             if extra is False:
                 raise SchemaError(path + ("required",), f"'{key}' is required but additionalProperties is false")
-            value = self.visit(extra if isinstance(extra, dict) else True, path + ("additionalProperties",),
-                               f"{name}-{key}")
+            value = self.visit(
+                extra if isinstance(extra, dict) else True, path + ("additionalProperties",), f"{name}-{key}"
+            )
             fields.append((key, value, True))
         if not fields:
             if extra is False:
                 if lo > 0:
                     raise SchemaError(path + ("minProperties",), "minProperties cannot be reached")
                 return g.add(name, '"{" space "}" space')
-            value = self.visit(extra if isinstance(extra, dict) else True, path + ("additionalProperties",),
-                               f"{name}-value")
+            value = self.visit(
+                extra if isinstance(extra, dict) else True, path + ("additionalProperties",), f"{name}-value"
+            )
             kv = g.add(f"{name}-kv", f'{g.primitive("string")} ":" space {value}')
             return g.add(name, f'"{{" space {self._repeat(kv, lo, hi)} "}}" space')
         n_required = sum(1 for f in fields if f[2])
         if lo > n_required:
-            raise SchemaError(path + ("minProperties",), "minProperties above the number of required properties "
-                                                         "cannot be enforced")
+            raise SchemaError(
+                path + ("minProperties",), "minProperties above the number of required properties cannot be enforced"
+            )
         if hi is not None and hi < len(fields):
-            raise SchemaError(path + ("maxProperties",), "maxProperties below the number of properties cannot be "
-                                                         "enforced")
-        kvs = [g.add(f"{name}-{key}-kv", f"{literal(json.dumps(key, ensure_ascii=False))} space \":\" space {value}")
-               for key, value, _ in fields]
+            raise SchemaError(
+                path + ("maxProperties",), "maxProperties below the number of properties cannot be enforced"
+            )
+        kvs = [
+            g.add(f"{name}-{key}-kv", f'{literal(json.dumps(key, ensure_ascii=False))} space ":" space {value}')
+            for key, value, _ in fields
+        ]
         # rest[i][first]: properties i.. in order; `first` says no comma is needed before the next one.
         after: dict[bool, str] = {True: '""', False: '""'}
         for i in range(len(fields) - 1, -1, -1):

@@ -36,15 +36,15 @@ class CallTrigger:
                 at = self._tail.find(marker)
                 if at < 0:
                     break
-                self._tail = self._tail[at + len(marker):]
+                self._tail = self._tail[at + len(marker) :]
                 self._in_think = not self._in_think
             if self._in_think:
-                self._tail = self._tail[-self._keep:]
+                self._tail = self._tail[-self._keep :]
                 return None
         text = self._tail.rstrip(_BLANKS)
         for marker, root in self._roots.items():
             if text.endswith(marker):
                 self.fired = True
                 return root
-        self._tail = self._tail[-self._keep:]
+        self._tail = self._tail[-self._keep :]
         return None

@@ -24,9 +24,9 @@ import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from lmsp_tray.config import Config, Paths
 from lmsp_tray.discovery.entry import GGUFInfo, ModelEntry
@@ -81,8 +81,9 @@ _EMPTY = _Snapshot((), {}, {})
 class Catalog:
     """The models found in `sources`, rescanned on demand."""
 
-    def __init__(self, sources: Sequence[Source], *, cache_file: Path | None = None,
-                 workers: int | None = None) -> None:
+    def __init__(
+        self, sources: Sequence[Source], *, cache_file: Path | None = None, workers: int | None = None
+    ) -> None:
         self._sources = tuple(sources)
         self._cache = HeaderCache(cache_file)
         self._workers = default_workers() if workers is None else max(1, workers)
@@ -91,9 +92,17 @@ class Catalog:
         self._report: ScanReport | None = None
 
     @classmethod
-    def from_config(cls, paths: Paths, config: Config, *, environ: Mapping[str, str] | None = None,
-                    home: Path | None = None, platform: str | None = None, include_system: bool = True,
-                    workers: int | None = None) -> "Catalog":
+    def from_config(
+        cls,
+        paths: Paths,
+        config: Config,
+        *,
+        environ: Mapping[str, str] | None = None,
+        home: Path | None = None,
+        platform: str | None = None,
+        include_system: bool = True,
+        workers: int | None = None,
+    ) -> Catalog:
         """The catalog for this user: `default_sources` plus the header cache under `paths.cache_dir`."""
         sources = default_sources(paths, config, environ, home, platform=platform, include_system=include_system)
         return cls(sources, cache_file=header_cache_file(paths), workers=workers)
@@ -173,8 +182,9 @@ class Catalog:
             headers_read=sum(1 for h in headers if h is not None) - hits,
             cache_hits=hits,
         )
-        log.info("discovery: %d models (%d with errors) in %.3f s", len(entries), self._report.errors,
-                 self._report.seconds)
+        log.info(
+            "discovery: %d models (%d with errors) in %.3f s", len(entries), self._report.errors, self._report.seconds
+        )
         return list(entries)
 
 
@@ -196,23 +206,33 @@ def _split_problem(f: Found, info: GGUFInfo | None) -> str | None:
     if info is None or f.names:
         return None
     if f.split_count == 1 and info.split_count > 1:
-        return (f"the header says this file is one of {info.split_count} parts of a split model, but its "
-                f"name lacks the '-00001-of-{info.split_count:05d}' suffix llama.cpp needs to find the others")
+        return (
+            f"the header says this file is one of {info.split_count} parts of a split model, but its "
+            f"name lacks the '-00001-of-{info.split_count:05d}' suffix llama.cpp needs to find the others"
+        )
     if f.split_count > 1 and info.split_count != f.split_count:
-        return (f"the file names promise {f.split_count} parts but the header of part 1 says "
-                f"{info.split_count}")
+        return f"the file names promise {f.split_count} parts but the header of part 1 says {info.split_count}"
     return None
 
 
 def _name(kept: list[tuple[Found, GGUFInfo | None, str | None]]) -> tuple[ModelEntry, ...]:
-    bases = [(f.names[0] if f.names else base_id(info, f.stem), (f.source.rank, str(f.path)))
-             for f, info, _ in kept]
+    bases = [(f.names[0] if f.names else base_id(info, f.stem), (f.source.rank, str(f.path))) for f, info, _ in kept]
     ids = unique_ids(bases)
     entries = []
     for model_id, (f, info, error) in zip(ids, kept):
         extra = {"aliases": list(f.names[1:])} if len(f.names) > 1 else {}
-        entries.append(ModelEntry(id=model_id, path=f.path, source=f.source.name, size_bytes=f.size,
-                                  files=f.files, info=info, error=error, extra=extra))
+        entries.append(
+            ModelEntry(
+                id=model_id,
+                path=f.path,
+                source=f.source.name,
+                size_bytes=f.size,
+                files=f.files,
+                info=info,
+                error=error,
+                extra=extra,
+            )
+        )
     entries.sort(key=lambda e: (e.id.lower(), e.id))
     return tuple(entries)
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, BinaryIO
 
 from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUFValueType, LlamaFileType
@@ -83,7 +85,7 @@ class _Array:
 class _Reader:
     """Sequential little-endian reads over a file, through a growing buffer."""
 
-    __slots__ = ("_f", "size", "_data", "_base", "pos", "_chunk")
+    __slots__ = ("_base", "_chunk", "_data", "_f", "pos", "size")
 
     def __init__(self, f: BinaryIO, size: int) -> None:
         self._f = f
@@ -192,6 +194,10 @@ class _Reader:
                 self._at(8 + length)  # the next string does not fit the buffer: grow it
 
 
+# Block size and bytes per block of each ggml type, keyed by its number in the file.
+_QUANT_SIZES: Mapping[int, tuple[int, int]] = MappingProxyType({int(k): v for k, v in GGML_QUANT_SIZES.items()})
+
+
 def _truncated(offset: int, size: int) -> GGUFError:
     return GGUFError(
         f"truncated file: the GGUF header runs past the end of the file at byte {offset:,} "
@@ -224,7 +230,7 @@ def _not_gguf(head: bytes) -> GGUFError:
 def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
     """The header facts of the GGUF file at `path`; raises `GGUFError` when it has none."""
     try:
-        f = open(path, "rb")
+        f = open(path, "rb")  # noqa: SIM115 - closed by the `with f` below; opening fails apart
     except OSError as exc:
         raise GGUFReadError(f"cannot open the file: {exc.strerror or exc}") from None
     with f:
@@ -300,7 +306,7 @@ def _tensor_table(r: _Reader, n_tensors: int, kv: dict[str, Any]) -> tuple[int |
     end = 0
     sizes_known = True
     u32, u64 = _U32.unpack_from, _U64.unpack_from
-    sizes = GGML_QUANT_SIZES
+    sizes = _QUANT_SIZES
     i = 0
     while i < n_tensors:
         off = r._at(min(r.size - r.pos, max(_FIRST_CHUNK, (n_tensors - i) * 160)))
@@ -324,7 +330,7 @@ def _tensor_table(r: _Reader, n_tensors: int, kv: dict[str, Any]) -> tuple[int |
             p += 12
             if p > limit or name_len > MAX_KEY_BYTES:
                 break
-            block = sizes.get(ggml_type)  # type: ignore[call-overload]
+            block = sizes.get(ggml_type)
             if block is None:  # a type newer than this gguf package: cannot size it
                 sizes_known = False
             else:
@@ -334,7 +340,7 @@ def _tensor_table(r: _Reader, n_tensors: int, kv: dict[str, Any]) -> tuple[int |
         r.pos = r._base + off
         if i < n_tensors:  # one entry the fast path could not take
             count, ggml_type, offset = _tensor_entry(r)
-            block = sizes.get(ggml_type)  # type: ignore[call-overload]
+            block = sizes.get(ggml_type)
             if block is None:
                 sizes_known = False
             else:
@@ -428,7 +434,7 @@ def _str(value: Any) -> str | None:
 
 
 def quantization_name(file_type: int | None) -> str | None:
-    """"Q4_K_M" for llama_ftype 15, "F16" for 1, ...; None when unknown or only guessed."""
+    """ "Q4_K_M" for llama_ftype 15, "F16" for 1, ...; None when unknown or only guessed."""
     if file_type is None:
         return None
     try:

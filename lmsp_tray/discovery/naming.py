@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from lmsp_tray.discovery.entry import GGUFInfo
 
@@ -45,7 +45,7 @@ SUFFIX_LENGTHS = (6, 10, 16, 64)
 
 
 def quantization_from_name(name: str) -> str | None:
-    """"Q4_K_M" from "Llama-3.2-1B-Instruct-Q4_K_M.gguf" (the last match wins); None if none."""
+    """ "Q4_K_M" from "Llama-3.2-1B-Instruct-Q4_K_M.gguf" (the last match wins); None if none."""
     found = _QUANT.findall(name)
     if not found:
         return None

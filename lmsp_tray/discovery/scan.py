@@ -29,10 +29,11 @@ import logging
 import os
 import stat
 import threading
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from lmsp_tray.discovery.entry import GGUFInfo
 from lmsp_tray.discovery.gguf_header import GGUFError, GGUFReadError, read_gguf_info
@@ -148,14 +149,26 @@ def folder_models(source: Source, order: int) -> list[Found]:
     return out
 
 
-def _found(source: Source, order: int, path: str, st: os.stat_result, files: tuple[Path, ...], size: int,
-           stem: str, **kw: Any) -> Found:
-    return Found(source=source, order=order, path=Path(path), files=files, size=size, head_size=st.st_size,
-                 head_mtime_ns=st.st_mtime_ns, identity=(st.st_dev, st.st_ino), stem=stem, **kw)
+def _found(
+    source: Source, order: int, path: str, st: os.stat_result, files: tuple[Path, ...], size: int, stem: str, **kw: Any
+) -> Found:
+    return Found(
+        source=source,
+        order=order,
+        path=Path(path),
+        files=files,
+        size=size,
+        head_size=st.st_size,
+        head_mtime_ns=st.st_mtime_ns,
+        identity=(st.st_dev, st.st_ino),
+        stem=stem,
+        **kw,
+    )
 
 
-def _split_found(source: Source, order: int, prefix: str, count: int,
-                 parts: dict[int, tuple[str, os.stat_result]]) -> Found:
+def _split_found(
+    source: Source, order: int, prefix: str, count: int, parts: dict[int, tuple[str, os.stat_result]]
+) -> Found:
     files = tuple(Path(parts[n][0]) for n in sorted(parts))
     size = sum(parts[n][1].st_size for n in parts)
     missing = [n for n in range(1, count + 1) if n not in parts]
@@ -165,8 +178,9 @@ def _split_found(source: Source, order: int, prefix: str, count: int,
         more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
         error = f"split model is incomplete: {len(missing)} of its {count} parts are missing ({names}{more})"
     first = parts.get(1) or parts[min(parts)]
-    return _found(source, order, first[0], first[1], files, size, prefix, error=error,
-                  readable=1 in parts, split_count=count)
+    return _found(
+        source, order, first[0], first[1], files, size, prefix, error=error, readable=1 in parts, split_count=count
+    )
 
 
 # -- Ollama -------------------------------------------------------------------------------------
@@ -184,33 +198,55 @@ def ollama_models(source: Source, order: int) -> list[Found]:
             layers = [layer for layer in doc.get("layers", []) if isinstance(layer, dict)]
         except (OSError, ValueError, AttributeError) as exc:
             why = exc.strerror if isinstance(exc, OSError) else str(exc)  # no file paths in messages
-            out.append(_missing(source, order, Path(path), (name,), 0,
-                                f"unreadable Ollama manifest for '{name}': {why}"))
+            out.append(
+                _missing(source, order, Path(path), (name,), 0, f"unreadable Ollama manifest for '{name}': {why}")
+            )
             continue
         model_layers = [layer for layer in layers if layer.get("mediaType") == OLLAMA_MODEL_LAYER]
         if not model_layers:
             continue  # no GGUF weights (nothing llama.cpp could run)
         layer = model_layers[0]
         blob = _blob_path(blobs, str(layer.get("digest", "")))
-        size = layer.get("size") if isinstance(layer.get("size"), int) else 0
+        declared_size = layer.get("size")
+        size = declared_size if isinstance(declared_size, int) else 0
         by_blob.setdefault(str(blob), ([], size))[0].append(name)
-    for blob, (names, declared) in by_blob.items():
+    for blob_path, (names, declared) in by_blob.items():
         best = tuple(preferred_names(names))
         try:
-            st = os.stat(blob)
+            st = os.stat(blob_path)
         except OSError:
-            out.append(_missing(source, order, Path(blob), best, declared,
-                                f"Ollama model '{best[0]}' is missing its weights file {Path(blob).name}; "
-                                f"`ollama pull {best[0]}` restores it"))
+            out.append(
+                _missing(
+                    source,
+                    order,
+                    Path(blob_path),
+                    best,
+                    declared,
+                    f"Ollama model '{best[0]}' is missing its weights file {Path(blob_path).name}; "
+                    f"`ollama pull {best[0]}` restores it",
+                )
+            )
             continue
-        out.append(_found(source, order, blob, st, (Path(blob),), st.st_size, best[0], names=best))
+        out.append(_found(source, order, blob_path, st, (Path(blob_path),), st.st_size, best[0], names=best))
     return out
 
 
 def _missing(source: Source, order: int, path: Path, names: tuple[str, ...], size: int, error: str) -> Found:
     """A model known to exist (by its manifest) whose file cannot be read at all."""
-    return Found(source=source, order=order, path=path, files=(), size=size, head_size=0, head_mtime_ns=0,
-                 identity=None, stem=names[0], names=names, error=error, readable=False)
+    return Found(
+        source=source,
+        order=order,
+        path=path,
+        files=(),
+        size=size,
+        head_size=0,
+        head_mtime_ns=0,
+        identity=None,
+        stem=names[0],
+        names=names,
+        error=error,
+        readable=False,
+    )
 
 
 def _manifest_files(root: Path) -> Iterator[tuple[str, list[str]]]:

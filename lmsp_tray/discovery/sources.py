@@ -36,9 +36,9 @@ import dataclasses
 import json
 import os
 import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
 
 from lmsp_tray.config import Config, Paths
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import watchfiles
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
 
 from lmsp_tray.engine.sampling import SamplingParams
 from lmsp_tray.errors import LMSPError
@@ -36,7 +36,7 @@ class Finish:
 TextSink = Callable[[str | Finish], None]
 # Called in the scheduler thread with each token's bytes; returns the grammar rule to switch
 # `sampling.grammar` on from (a lazy grammar), or None to keep decoding freely.
-GrammarTrigger = Callable[[bytes], Optional[str]]
+GrammarTrigger = Callable[[bytes], str | None]
 
 
 @dataclass(eq=False)

@@ -13,15 +13,16 @@ every state change (the tray redraws from them).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from lmsp_tray.discovery.entry import ModelEntry
+from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan, plan_load
 from lmsp_tray.engine.model import LlamaModel, gpu_free
-from lmsp_tray.engine.plan import LoadOptions, LoadPlan, plan_load
 from lmsp_tray.engine.runtime import Runtime, physical_cores
 from lmsp_tray.errors import InsufficientMemory, LMSPError, ModelLoadFailed
 
@@ -122,6 +123,10 @@ class ModelManager:
         return plan_load(entry, self._options, gpu_free_bytes=gpu_free(self._runtime), cores=physical_cores())
 
     # -- loading --------------------------------------------------------------------------------
+    def _settled(self, model_id: str, waited: _Record) -> bool:
+        """Whether the load or unload of `waited` is over (or its record was replaced); under the lock."""
+        return self._records.get(model_id) is not waited or waited.state not in (LOADING, UNLOADING)
+
     def acquire(self, entry: ModelEntry, *, keep_alive: float | None | str = DEFAULT) -> LlamaModel:
         """The loaded model for `entry`, loading it first if needed (blocking)."""
         while True:
@@ -129,9 +134,7 @@ class ModelManager:
                 record = self._records.get(entry.id)
                 if record is not None and record.state in (LOADING, UNLOADING):
                     # Someone else is loading or unloading it: wait for the outcome, then decide again.
-                    self._changed.wait_for(
-                        lambda: self._records.get(entry.id) is not record or record.state not in (LOADING, UNLOADING)
-                    )
+                    self._changed.wait_for(functools.partial(self._settled, entry.id, record))
                     if self._records.get(entry.id) is record and record.state == ERROR and record.error:
                         raise record.error
                     continue
@@ -153,8 +156,10 @@ class ModelManager:
     def _make_room(self, model_id: str, plan: LoadPlan) -> list[str]:
         """Idle models to unload (least recently used first) so `plan` fits; 507 when it cannot."""
         budget = self._budget
-        for need, limit, kind in ((plan.ram_bytes, budget.ram_bytes, "memory"),
-                                  (plan.vram_bytes, budget.vram_bytes, "GPU memory")):
+        for need, limit, kind in (
+            (plan.ram_bytes, budget.ram_bytes, "memory"),
+            (plan.vram_bytes, budget.vram_bytes, "GPU memory"),
+        ):
             if limit is not None and need > limit:
                 raise InsufficientMemory(
                     f"'{model_id}' needs about {_gb(need)} of {kind} (weights and a {plan.context_length}-token "
@@ -162,23 +167,27 @@ class ModelManager:
                     f"context_cap or parallel, or raise memory_budget_fraction in config.toml.",
                     extra={"required_bytes": need, "available_bytes": limit},
                 )
-        others = [(mid, r) for mid, r in self._records.items() if r.state in (LOADING, LOADED) and r.plan]
-        ram = sum(r.plan.ram_bytes for _, r in others)  # type: ignore[union-attr]
-        vram = sum(r.plan.vram_bytes for _, r in others)  # type: ignore[union-attr]
+        others = [
+            (mid, r, r.plan) for mid, r in self._records.items() if r.state in (LOADING, LOADED) and r.plan is not None
+        ]
+        ram = sum(p.ram_bytes for _, _, p in others)
+        vram = sum(p.vram_bytes for _, _, p in others)
         count = len(others)
-        evictable = sorted((r.last_used, mid, r) for mid, r in others if not r.busy)
+        evictable = sorted(((r.last_used, mid, p) for mid, r, p in others if not r.busy), key=lambda t: (t[0], t[1]))
         victims: list[str] = []
 
         def fits() -> bool:
-            return (count < budget.max_models
-                    and (budget.ram_bytes is None or ram + plan.ram_bytes <= budget.ram_bytes)
-                    and (budget.vram_bytes is None or vram + plan.vram_bytes <= budget.vram_bytes))
+            return (
+                count < budget.max_models
+                and (budget.ram_bytes is None or ram + plan.ram_bytes <= budget.ram_bytes)
+                and (budget.vram_bytes is None or vram + plan.vram_bytes <= budget.vram_bytes)
+            )
 
         while not fits() and evictable:
-            _, mid, r = evictable.pop(0)
+            _, mid, victim_plan = evictable.pop(0)
             victims.append(mid)
-            ram -= r.plan.ram_bytes  # type: ignore[union-attr]
-            vram -= r.plan.vram_bytes  # type: ignore[union-attr]
+            ram -= victim_plan.ram_bytes
+            vram -= victim_plan.vram_bytes
             count -= 1
         if not fits():
             free = max(0, (budget.ram_bytes or 0) - ram)

@@ -15,14 +15,15 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import llama_cpp
 
 from lmsp_tray.discovery.entry import ModelEntry
 from lmsp_tray.engine.jobs import GenerationJob
-from lmsp_tray.engine.plan import LoadOptions, LoadPlan, plan_load
+from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan, plan_load
 from lmsp_tray.engine.prompt_tokens import PromptTokenizer, SpecialToken, turn_markers
 from lmsp_tray.engine.runtime import Runtime, physical_cores
 from lmsp_tray.engine.scheduler import Scheduler
@@ -34,7 +35,10 @@ log = logging.getLogger("lmsp_tray.engine")
 # Prompts shorter than this are tokenized whole (a few ms at most); a longer one first builds the
 # model's piece tokenizer (one pass over the vocabulary's token attributes).
 PIECEWISE_FROM_CHARS = 4096
-_SPLIT_ATTRS = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+_SPLIT_ATTRS = (
+    llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+)
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -55,8 +59,7 @@ def gpu_free(runtime: Runtime) -> int | None:
 class LlamaModel:
     """A model loaded into memory with its own scheduler thread."""
 
-    def __init__(self, runtime: Runtime, entry: ModelEntry, options: LoadOptions,
-                 plan: LoadPlan | None = None) -> None:
+    def __init__(self, runtime: Runtime, entry: ModelEntry, options: LoadOptions, plan: LoadPlan | None = None) -> None:
         self.id = entry.id
         self.entry = entry
         self.options = options
@@ -75,7 +78,7 @@ class LlamaModel:
         except ModelLoadFailed:
             self.close()
             raise
-        except Exception as exc:  # llama.cpp surprises become a clear load failure
+        except Exception as exc:  # noqa: BLE001 - llama.cpp surprises become a clear load failure
             self.close()
             raise ModelLoadFailed(f"Could not load '{entry.id}': {exc}") from None
         finally:
@@ -83,8 +86,14 @@ class LlamaModel:
         self.load_seconds = time.monotonic() - started
         log.info(
             "loaded %s on %s (%d/%d layers on GPU, %d threads, context %d x %d sequences) in %.2fs",
-            self.id, self.placement.device, self.placement.gpu_layers, self.placement.total_layers,
-            self.placement.threads, self.context_length, self.parallel, self.load_seconds,
+            self.id,
+            self.placement.device,
+            self.placement.gpu_layers,
+            self.placement.total_layers,
+            self.placement.threads,
+            self.context_length,
+            self.parallel,
+            self.load_seconds,
         )
 
     def _load(self, runtime: Runtime, entry: ModelEntry, options: LoadOptions, plan: LoadPlan) -> None:
@@ -220,7 +229,8 @@ class LlamaModel:
                 with self._prompt_tokenizer_lock:
                     if self._prompt_tokenizer_thread is None:
                         self._prompt_tokenizer_thread = threading.Thread(
-                            target=self.prompt_tokenizer, name=f"lmsp-tokenizer-{self.id}", daemon=True)
+                            target=self.prompt_tokenizer, name=f"lmsp-tokenizer-{self.id}", daemon=True
+                        )
                         self._prompt_tokenizer_thread.start()
             return self.tokenize(text)
         return tokenizer.tokens(text) if tokenizer.markers else self.tokenize(text)
@@ -258,8 +268,11 @@ class LlamaModel:
         get_attr = llama_cpp.llama_vocab_get_attr
         vocab = self.vocab
         return [
-            SpecialToken(self._token_text(token), control=bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL),
-                         lstrip=bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP))
+            SpecialToken(
+                self._token_text(token),
+                control=bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL),
+                lstrip=bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP),
+            )
             for token in range(self.n_vocab)
             if (attr := get_attr(vocab, token)) & _SPLIT_ATTRS
         ]
@@ -268,7 +281,7 @@ class LlamaModel:
         turns = [("user", " Hi,\n\n  there "), ("assistant", "Hello!\n"), ("user", "\tAnd  then?")]
         try:
             return self.template.render([{"role": r, "content": c} for r, c in turns])
-        except Exception:  # a template with rules of its own: no sample to check against
+        except Exception:  # noqa: BLE001 - a template with rules of its own: no sample to check against
             return ""
 
     def piece(self, token: int, special: bool = False) -> bytes:
@@ -296,6 +309,8 @@ class LlamaModel:
 
     @property
     def ctx(self) -> llama_cpp.llama_context_p:
+        if self._ctx is None:
+            raise RuntimeError("the model is closed")
         return self._ctx
 
     def close(self, *, drain: bool = False) -> None:

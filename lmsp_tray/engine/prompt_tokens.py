@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import array
 import collections
+import itertools
 import re
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ def can_overlap(marker: str, other: str) -> bool:
     """True when `other`, matched somewhere in a text, could cover part (or all) of an occurrence of `marker`."""
     for k in range(1 - len(other), len(marker)):  # `other` placed at offset k from the marker's start
         lo, hi = max(0, k), min(len(marker), k + len(other))
-        if marker[lo:hi] == other[lo - k:hi - k] and not (k == 0 and other == marker):
+        if marker[lo:hi] == other[lo - k : hi - k] and not (k == 0 and other == marker):
             return True
     return False
 
@@ -61,8 +62,14 @@ class PromptTokenizer:
     special tokens; `start` are the tokens the model puts before every prompt.
     """
 
-    def __init__(self, tokenize: Callable[[str], list[int]], markers: Sequence[str], *,
-                 start: Sequence[int] = (), max_cached_tokens: int = 1 << 18) -> None:
+    def __init__(
+        self,
+        tokenize: Callable[[str], list[int]],
+        markers: Sequence[str],
+        *,
+        start: Sequence[int] = (),
+        max_cached_tokens: int = 1 << 18,
+    ) -> None:
         self._tokenize = tokenize
         self._start = list(start)
         self._cut = re.compile("|".join(map(re.escape, markers))) if markers else None
@@ -83,7 +90,7 @@ class PromptTokenizer:
             return [text] if text else []
         cuts = [m.start() for m in self._cut.finditer(text) if m.start() > 0]
         bounds = [0, *cuts, len(text)]
-        return [text[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+        return [text[a:b] for a, b in itertools.pairwise(bounds) if b > a]
 
     def tokens(self, text: str) -> list[int]:
         out = list(self._start)

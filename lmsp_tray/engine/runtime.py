@@ -125,7 +125,9 @@ class Runtime:
             lib.ggml_backend_dev_description.argtypes = [ctypes.c_void_p]
             lib.ggml_backend_dev_memory.restype = None
             lib.ggml_backend_dev_memory.argtypes = [
-                ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)
+                ctypes.c_void_p,
+                ctypes.POINTER(ctypes.c_size_t),
+                ctypes.POINTER(ctypes.c_size_t),
             ]
             devices = []
             for i in range(lib.ggml_backend_dev_count()):

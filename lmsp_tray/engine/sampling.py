@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from typing import Any
 
 import llama_cpp
 import numpy as np
@@ -69,6 +70,11 @@ class Sampler:
         self._grammar: llama_cpp.llama_sampler_p | None = None
         self._argmax = params.greedy and params.repeat_penalty == 1.0 and not params.grammar
         self._n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+        # Buffers for grammar sampling (the whole vocabulary as llama_token_data cells).
+        self._cells: ctypes.Array[llama_cpp.llama_token_data] | None = None
+        self._view: np.ndarray = np.empty(0, dtype=_TOKEN_DATA)
+        self._ids: np.ndarray = np.empty(0, dtype=np.int32)
+        self._one: ctypes.Array[llama_cpp.llama_token_data] | None = None
         try:
             self._build(vocab, params)
             if self._grammar is not None:
@@ -99,7 +105,9 @@ class Sampler:
                 self._grammar = None
                 raise GrammarError("llama.cpp rejected the grammar")
         if p.repeat_penalty != 1.0:
-            self._add(llama_cpp.llama_sampler_init_penalties(self._n_vocab, p.repeat_last_n, p.repeat_penalty, 0.0, 0.0))
+            self._add(
+                llama_cpp.llama_sampler_init_penalties(self._n_vocab, p.repeat_last_n, p.repeat_penalty, 0.0, 0.0)
+            )
         if p.greedy:
             self._add(llama_cpp.llama_sampler_init_greedy())
             return
@@ -120,7 +128,7 @@ class Sampler:
         if self._grammar is None:
             return llama_cpp.llama_sampler_sample(self._chain, ctx, index)
         token = self._pick(ctx, index, grammar_first=False)
-        one = self._one
+        one: Any = self._one  # built with the grammar; ctypes fields take plain numbers
         one[0].id, one[0].logit, one[0].p = token, 0.0, 0.0
         single = llama_cpp.llama_token_data_array(one, 1, -1, False)
         llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(single))

@@ -20,8 +20,9 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any
 
 import llama_cpp
 
@@ -79,7 +80,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 class Scheduler:
     def __init__(
         self,
-        model: "LlamaModel",
+        model: LlamaModel,
         *,
         parallel: int,
         context_per_sequence: int,
@@ -295,7 +296,7 @@ class Scheduler:
                 continue
             slot.cache.extend(slot.fed)
             if slot.pending:
-                slot.pending = slot.pending[len(slot.fed):]
+                slot.pending = slot.pending[len(slot.fed) :]
             if slot.out >= 0:
                 assert slot.sampler is not None
                 try:
@@ -306,7 +307,8 @@ class Scheduler:
                 self._on_token(slot, token)
 
     @staticmethod
-    def _add(batch: llama_cpp.llama_batch, i: int, token: int, pos: int, seq: int, logits: bool) -> None:
+    def _add(batch: Any, i: int, token: int, pos: int, seq: int, logits: bool) -> None:
+        # `batch` is a llama_batch; its ctypes stubs type the pointer fields as arrays of arrays.
         batch.token[i] = token
         batch.pos[i] = pos
         batch.n_seq_id[i] = 1

@@ -12,9 +12,10 @@ with the template's own message, never a traceback.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -81,8 +82,9 @@ def builtin_template_name(architecture: str | None, has_token: Callable[[str], b
     return "chatml"  # qwen2, qwen3 and most others
 
 
-def _tojson(value: Any, indent: int | None = None, separators: Any = None, sort_keys: bool = False,
-            ensure_ascii: bool = False) -> str:
+def _tojson(
+    value: Any, indent: int | None = None, separators: Any = None, sort_keys: bool = False, ensure_ascii: bool = False
+) -> str:
     return json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
 
 
@@ -146,5 +148,5 @@ class ChatTemplate:
                 f"The model's chat template could not render this conversation ({type(exc).__name__}: {exc})."
             ) from None
         if self.bos_token and text.startswith(self.bos_token):
-            text = text[len(self.bos_token):]
+            text = text[len(self.bos_token) :]
         return text

@@ -16,7 +16,7 @@ grammar decodes UTF-8 leniently (an overlong `C1 A3` is 'c' to it). With
 from __future__ import annotations
 
 import codecs
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class GrammarUTF8Decoder:
@@ -104,7 +104,7 @@ class TextStream:
             self._held = ""
             return text[:cut]
         keep = self._partial_stop_suffix(text)
-        self._held = text[len(text) - keep:] if keep else ""
+        self._held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep]
 
     def flush(self) -> str:

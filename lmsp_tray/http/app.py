@@ -6,15 +6,15 @@ from typing import Any
 
 from starlette.applications import Starlette
 
+from lmsp_tray.auth.pairing import Auth
 from lmsp_tray.errors import UnsupportedVersion
 from lmsp_tray.http.auth_routes import AUTH_ROUTES
 from lmsp_tray.http.problems import EXCEPTION_HANDLERS, send_problem
 from lmsp_tray.http.routes import ROUTES
 from lmsp_tray.http.security import SecurityMiddleware, SecurityPolicy
 from lmsp_tray.http.stored_routes import STORED_ROUTES
-from lmsp_tray.pairing import Auth
-from lmsp_tray.responder import Responder
-from lmsp_tray.service import Service
+from lmsp_tray.serving.responder import Responder
+from lmsp_tray.serving.service import Service
 
 
 class VersionMiddleware:
@@ -31,9 +31,13 @@ class VersionMiddleware:
             if name == b"lmsp-version":
                 major = value.decode("latin-1").strip().split(".", 1)[0]
                 if major != "1":
-                    await send_problem(send, UnsupportedVersion(
-                        f"LMSP-Version {value.decode('latin-1')!r} is not supported; this service speaks 1.0.",
-                        param="LMSP-Version"))
+                    await send_problem(
+                        send,
+                        UnsupportedVersion(
+                            f"LMSP-Version {value.decode('latin-1')!r} is not supported; this service speaks 1.0.",
+                            param="LMSP-Version",
+                        ),
+                    )
                     return
 
         async def send_with_version(message: Any) -> None:
@@ -51,8 +55,9 @@ def all_routes() -> list[Any]:
     return [*ROUTES, *STORED_ROUTES, *AUTH_ROUTES]
 
 
-def create_app(service: Service, auth: Auth, *, responder: Responder | None = None, conversations: Any = None,
-               tasks: Any = None) -> Any:
+def create_app(
+    service: Service, auth: Auth, *, responder: Responder | None = None, conversations: Any = None, tasks: Any = None
+) -> Any:
     """The ASGI app: security checks first (Host, Origin, token), then the version rule, then the routes.
 
     The daemon passes `responder`, `conversations` and `tasks` (built over the store); without them

@@ -18,12 +18,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from lmsp_tray.auth.pairing import Auth
+from lmsp_tray.auth.tokens import token_object
 from lmsp_tray.errors import InvalidRequest, Unauthorized
 from lmsp_tray.http.openapi import build_openapi
 from lmsp_tray.http.routes import JSON, read_json
 from lmsp_tray.http.security import REALM, bearer
-from lmsp_tray.pairing import Auth
-from lmsp_tray.tokens import token_object
 
 
 def _auth(request: Request) -> Auth:
@@ -68,17 +68,19 @@ async def create_pairing(request: Request) -> Response:
     if "scopes" not in body:
         raise InvalidRequest("Say which 'scopes' the app needs.", param="scopes")
     view, poll_token = _auth(request).pairings.request(body["app_name"], body["scopes"])
-    doc = {**view.to_json(), "poll_token": poll_token,
-           "poll_url": f"/lmsp/v1/auth/pairings/{view.id}"}
-    return JSON(doc, status_code=202, headers={"Cache-Control": "no-store",
-                                                "Location": f"/lmsp/v1/auth/pairings/{view.id}"})
+    doc = {**view.to_json(), "poll_token": poll_token, "poll_url": f"/lmsp/v1/auth/pairings/{view.id}"}
+    return JSON(
+        doc, status_code=202, headers={"Cache-Control": "no-store", "Location": f"/lmsp/v1/auth/pairings/{view.id}"}
+    )
 
 
 async def poll_pairing(request: Request) -> Response:
     poll_token = bearer(request.scope["headers"])
     if poll_token is None:
-        raise Unauthorized("Send the pairing's poll token as `Authorization: Bearer <poll_token>`.",
-                           headers={"WWW-Authenticate": REALM})
+        raise Unauthorized(
+            "Send the pairing's poll token as `Authorization: Bearer <poll_token>`.",
+            headers={"WWW-Authenticate": REALM},
+        )
     view, secret = _auth(request).pairings.poll(request.path_params["pairing_id"], poll_token)
     doc: dict[str, Any] = view.to_json()
     if secret is not None:

@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from lmsp_tray import __version__
+from lmsp_tray.auth.tokens import MAX_NAME, NAME_PATTERN, SCOPES
 from lmsp_tray.protocol.requests import ResponseCreate
-from lmsp_tray.store.tasks import TASK_STATUSES
-from lmsp_tray.tokens import MAX_NAME, NAME_PATTERN, SCOPES
+from lmsp_tray.store.task_rows import TASK_STATUSES
 
 REF = "#/components/schemas/"
 PROBLEM_JSON = "application/problem+json"
@@ -38,21 +38,26 @@ def _obj(required: dict[str, Any], optional: dict[str, Any] | None = None) -> di
 STR, INT, BOOL = {"type": "string"}, {"type": "integer"}, {"type": "boolean"}
 SCOPE = {"type": "string", "enum": list(SCOPES)}
 SCOPE_LIST = {"type": "array", "items": SCOPE, "minItems": 1}
-NAME = {"type": "string", "minLength": 1, "maxLength": MAX_NAME, "pattern": NAME_PATTERN,
-        "description": "Shown in the tray: no control or invisible formatting characters."}
+NAME = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_NAME,
+    "pattern": NAME_PATTERN,
+    "description": "Shown in the tray: no control or invisible formatting characters.",
+}
 VERSION_HEADER = {"LMSP-Version": {"description": "Always 1.0.", "required": True, "schema": {"const": "1.0"}}}
 AUTH_HEADER = {"WWW-Authenticate": {"required": True, "schema": STR}}
 
 PROBLEMS = {
     "400": "The request is malformed (invalid_request, invalid_json, unsupported_version, "
-           "unsupported_capability, context_length_exceeded).",
+    "unsupported_capability, context_length_exceeded).",
     "401": "No, or no valid, bearer token (unauthorized).",
     "403": "The token lacks the scope (insufficient_scope), or the Host (forbidden_host) or Origin "
-           "(forbidden_origin) is not allowed.",
+    "(forbidden_origin) is not allowed.",
     "404": "Nothing with that id (model_not_found, response_not_found, task_not_found, not_found).",
     "405": "The method is not allowed on this path (method_not_allowed).",
     "409": "The request conflicts with the current state (conflict), or a request with this Idempotency-Key "
-           "is still running (idempotency_key_in_progress).",
+    "is still running (idempotency_key_in_progress).",
     "410": "The events asked for are past the retention period (event_history_expired); read the task instead.",
     "413": "The body is over the limit (payload_too_large).",
     "422": "The Idempotency-Key was used with another body (idempotency_key_reused).",
@@ -69,13 +74,16 @@ def _problem(status: str) -> dict[str, Any]:
         headers.update(AUTH_HEADER)
     if status == "429":
         headers["Retry-After"] = {"required": True, "schema": STR}
-    return {"description": PROBLEMS[status], "headers": headers,
-            "content": {PROBLEM_JSON: {"schema": _ref("Problem")}}}
+    return {"description": PROBLEMS[status], "headers": headers, "content": {PROBLEM_JSON: {"schema": _ref("Problem")}}}
 
 
 def _json(description: str, schema: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return {"description": description, "headers": dict(VERSION_HEADER),
-            "content": {"application/json": {"schema": schema}}, **extra}
+    return {
+        "description": description,
+        "headers": dict(VERSION_HEADER),
+        "content": {"application/json": {"schema": schema}},
+        **extra,
+    }
 
 
 def _body(schema: dict[str, Any], example: Any = None, **more: Any) -> dict[str, Any]:
@@ -87,9 +95,16 @@ def _body(schema: dict[str, Any], example: Any = None, **more: Any) -> dict[str,
     return {"required": True, "content": {"application/json": media}}
 
 
-def _op(summary: str, scope: str | None, responses: dict[str, Any], *, body: dict[str, Any] | None = None,
-        params: list[dict[str, Any]] | None = None, problems: tuple[str, ...] = (),
-        security: list[dict[str, list[str]]] | None = None) -> dict[str, Any]:
+def _op(
+    summary: str,
+    scope: str | None,
+    responses: dict[str, Any],
+    *,
+    body: dict[str, Any] | None = None,
+    params: list[dict[str, Any]] | None = None,
+    problems: tuple[str, ...] = (),
+    security: list[dict[str, list[str]]] | None = None,
+) -> dict[str, Any]:
     op: dict[str, Any] = {"summary": summary, "responses": dict(responses)}
     if scope is None:
         op["security"] = security if security is not None else []
@@ -108,8 +123,13 @@ def _op(summary: str, scope: str | None, responses: dict[str, Any], *, body: dic
 
 
 def _path_param(name: str, description: str, example: str | None = None) -> dict[str, Any]:
-    param: dict[str, Any] = {"name": name, "in": "path", "required": True, "description": description,
-                             "schema": {"type": "string", "minLength": 1}}
+    param: dict[str, Any] = {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "description": description,
+        "schema": {"type": "string", "minLength": 1},
+    }
     if example is not None:
         param["example"] = example
     return param
@@ -119,33 +139,70 @@ def _schemas() -> dict[str, Any]:
     request = ResponseCreate.model_json_schema(by_alias=True, ref_template=REF + "{model}")
     defs = request.pop("$defs", {})
     problem = _obj({"type": STR, "title": STR, "status": INT, "detail": STR, "code": STR}, {"param": STR})
-    item = {"type": "object", "required": ["id", "type"], "properties": {
-        "id": STR, "type": {"enum": ["message", "function_call", "reasoning"]}}}
-    usage = _obj({"input_tokens": INT, "output_tokens": INT, "total_tokens": INT},
-                 {"input_tokens_details": _obj({"cached_tokens": INT})})
+    item = {
+        "type": "object",
+        "required": ["id", "type"],
+        "properties": {"id": STR, "type": {"enum": ["message", "function_call", "reasoning"]}},
+    }
+    usage = _obj(
+        {"input_tokens": INT, "output_tokens": INT, "total_tokens": INT},
+        {"input_tokens_details": _obj({"cached_tokens": INT})},
+    )
     status = {"enum": ["in_progress", "completed", "incomplete", "failed", "cancelled"]}
-    response = _obj({
-        "id": STR, "object": {"const": "response"}, "created_at": INT, "status": status, "model": STR,
-        "output": {"type": "array", "items": _ref("OutputItem")}, "usage": _nullable(_ref("Usage")),
-        "error": _nullable(_ref("Problem")), "incomplete_details": _nullable(
-            _obj({"reason": STR})),
-    })
-    model = _obj({
-        "id": STR, "object": {"const": "model"}, "architecture": _nullable(STR), "parameters": _nullable(STR),
-        "quantization": _nullable(STR), "context_length": INT, "size_bytes": INT,
-        "capabilities": {"type": "array", "items": STR},
-        "state": {"enum": ["available", "loading", "loaded", "unloading", "error"]},
-        "source": STR, "error": _nullable(_ref("Problem")),
-    }, {"extensions": {"type": "object"}})
-    token = _obj({
-        "id": STR, "object": {"const": "token"}, "name": STR, "scopes": {"type": "array", "items": SCOPE},
-        "created_at": INT, "last_used_at": _nullable(INT), "revoked_at": _nullable(INT), "owner": BOOL,
-    })
-    pairing = _obj({
-        "id": STR, "object": {"const": "pairing"}, "app_name": STR, "scopes": {"type": "array", "items": SCOPE},
-        "user_code": STR, "status": {"enum": ["pending", "approved", "denied", "expired"]},
-        "created_at": INT, "expires_at": INT, "token_id": _nullable(STR),
-    })
+    response = _obj(
+        {
+            "id": STR,
+            "object": {"const": "response"},
+            "created_at": INT,
+            "status": status,
+            "model": STR,
+            "output": {"type": "array", "items": _ref("OutputItem")},
+            "usage": _nullable(_ref("Usage")),
+            "error": _nullable(_ref("Problem")),
+            "incomplete_details": _nullable(_obj({"reason": STR})),
+        }
+    )
+    model = _obj(
+        {
+            "id": STR,
+            "object": {"const": "model"},
+            "architecture": _nullable(STR),
+            "parameters": _nullable(STR),
+            "quantization": _nullable(STR),
+            "context_length": INT,
+            "size_bytes": INT,
+            "capabilities": {"type": "array", "items": STR},
+            "state": {"enum": ["available", "loading", "loaded", "unloading", "error"]},
+            "source": STR,
+            "error": _nullable(_ref("Problem")),
+        },
+        {"extensions": {"type": "object"}},
+    )
+    token = _obj(
+        {
+            "id": STR,
+            "object": {"const": "token"},
+            "name": STR,
+            "scopes": {"type": "array", "items": SCOPE},
+            "created_at": INT,
+            "last_used_at": _nullable(INT),
+            "revoked_at": _nullable(INT),
+            "owner": BOOL,
+        }
+    )
+    pairing = _obj(
+        {
+            "id": STR,
+            "object": {"const": "pairing"},
+            "app_name": STR,
+            "scopes": {"type": "array", "items": SCOPE},
+            "user_code": STR,
+            "status": {"enum": ["pending", "approved", "denied", "expired"]},
+            "created_at": INT,
+            "expires_at": INT,
+            "token_id": _nullable(STR),
+        }
+    )
     schemas: dict[str, Any] = {
         **defs,
         "ResponseCreate": request,
@@ -155,32 +212,64 @@ def _schemas() -> dict[str, Any]:
         "Response": response,
         "Model": model,
         "ModelList": _obj({"object": {"const": "list"}, "data": {"type": "array", "items": _ref("Model")}}),
-        "ServiceDocument": _obj({
-            "object": {"const": "service"}, "lmsp_version": STR, "versions": {"type": "array", "items": STR},
-            "service": _obj({"name": STR, "version": STR}), "capabilities": {"type": "array", "items": STR},
-            "auth": _obj({"type": {"const": "bearer"}, "scopes": {"type": "array", "items": STR}}),
-            "limits": {"type": "object"},
-        }),
+        "ServiceDocument": _obj(
+            {
+                "object": {"const": "service"},
+                "lmsp_version": STR,
+                "versions": {"type": "array", "items": STR},
+                "service": _obj({"name": STR, "version": STR}),
+                "capabilities": {"type": "array", "items": STR},
+                "auth": _obj({"type": {"const": "bearer"}, "scopes": {"type": "array", "items": STR}}),
+                "limits": {"type": "object"},
+            }
+        ),
         "ResponseDeleted": _obj({"id": STR, "object": {"const": "response.deleted"}, "deleted": {"const": True}}),
-        "Task": _obj({
-            "id": STR, "object": {"const": "task"}, "status": {"enum": list(TASK_STATUSES)}, "created_at": INT,
-            "updated_at": INT, "response_id": _nullable(STR), "response": _nullable(_ref("Response")),
-            "error": _nullable(_ref("Problem")),
-        }),
-        "TaskList": _obj({"object": {"const": "list"}, "data": {"type": "array", "items": _ref("Task")},
-                          "first_id": _nullable(STR), "last_id": _nullable(STR), "has_more": BOOL}),
+        "Task": _obj(
+            {
+                "id": STR,
+                "object": {"const": "task"},
+                "status": {"enum": list(TASK_STATUSES)},
+                "created_at": INT,
+                "updated_at": INT,
+                "response_id": _nullable(STR),
+                "response": _nullable(_ref("Response")),
+                "error": _nullable(_ref("Problem")),
+            }
+        ),
+        "TaskList": _obj(
+            {
+                "object": {"const": "list"},
+                "data": {"type": "array", "items": _ref("Task")},
+                "first_id": _nullable(STR),
+                "last_id": _nullable(STR),
+                "has_more": BOOL,
+            }
+        ),
         "Token": token,
         "TokenList": _obj({"object": {"const": "list"}, "data": {"type": "array", "items": _ref("Token")}}),
         "TokenCreate": _obj({"name": NAME, "scopes": SCOPE_LIST}),
-        "TokenCreated": {"allOf": [_ref("Token"), _obj({"secret": {"type": "string", "pattern": "^lmsp_"},
-                                                        "in_keyring": BOOL})]},
+        "TokenCreated": {
+            "allOf": [_ref("Token"), _obj({"secret": {"type": "string", "pattern": "^lmsp_"}, "in_keyring": BOOL})]
+        },
         "Pairing": pairing,
         "PairingList": _obj({"object": {"const": "list"}, "data": {"type": "array", "items": _ref("Pairing")}}),
         "PairingCreate": _obj({"app_name": NAME, "scopes": SCOPE_LIST}),
         "PairingCreated": {"allOf": [_ref("Pairing"), _obj({"poll_token": STR, "poll_url": STR})]},
-        "PairingPoll": {"allOf": [_ref("Pairing"), {"type": "object", "properties": {
-            "token": {"type": "string", "pattern": "^lmsp_",
-                      "description": "The new token's secret: present once, in the first poll after approval."}}}]},
+        "PairingPoll": {
+            "allOf": [
+                _ref("Pairing"),
+                {
+                    "type": "object",
+                    "properties": {
+                        "token": {
+                            "type": "string",
+                            "pattern": "^lmsp_",
+                            "description": "The new token's secret: present once, in the first poll after approval.",
+                        }
+                    },
+                },
+            ]
+        },
     }
     schemas.update(_event_schemas())
     return schemas
@@ -199,8 +288,12 @@ EVENTS = {
     "response.function_call_arguments.done": {"item_id": STR, "output_index": INT, "arguments": STR},
     "response.output_item.done": {"output_index": INT, "item": _ref("OutputItem")},
     "response.completed": {"status": STR, "usage": _ref("Usage"), "response": _ref("Response")},
-    "response.incomplete": {"status": STR, "incomplete_details": {"type": "object"}, "usage": _ref("Usage"),
-                            "response": _ref("Response")},
+    "response.incomplete": {
+        "status": STR,
+        "incomplete_details": {"type": "object"},
+        "usage": _ref("Usage"),
+        "response": _ref("Response"),
+    },
     "response.failed": {"status": STR, "error": _ref("Problem"), "response": _ref("Response")},
     "response.cancelled": {"status": STR, "response": _ref("Response")},
 }
@@ -213,23 +306,32 @@ def _event_name(event: str) -> str:
 def _event_schemas() -> dict[str, Any]:
     out: dict[str, Any] = {}
     for event, fields in EVENTS.items():
-        out[_event_name(event)] = _obj({"type": {"const": event}, "sequence_number": INT, "response_id": STR,
-                                        **fields})
+        out[_event_name(event)] = _obj({"type": {"const": event}, "sequence_number": INT, "response_id": STR, **fields})
     out["Event_error"] = _obj({"type": {"const": "error"}, "sequence_number": INT, "error": _ref("Problem")})
     return out
 
 
 def _stream_description() -> str:
     names = ", ".join([*EVENTS, "error"])
-    return ("With `stream: true`: server-sent events. Each event has an integer `id` (from 1), an `event` name "
-            f"and JSON `data` (schemas `Event_*`); events: {names}. Exactly one terminal event ends the stream.")
+    return (
+        "With `stream: true`: server-sent events. Each event has an integer `id` (from 1), an `event` name "
+        f"and JSON `data` (schemas `Event_*`); events: {names}. Exactly one terminal event ends the stream."
+    )
 
 
-REPLAYED_HEADER = {"Idempotent-Replayed": {"description": "`true` when this answer replays an earlier request with "
-                                                           "the same Idempotency-Key.", "schema": {"const": "true"}}}
-IDEMPOTENCY_KEY = {"name": "Idempotency-Key", "in": "header", "required": False,
-                   "description": "Run once: a retry with the same key and body replays the result (kept 24 h).",
-                   "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[ -~]+$"}}
+REPLAYED_HEADER = {
+    "Idempotent-Replayed": {
+        "description": "`true` when this answer replays an earlier request with the same Idempotency-Key.",
+        "schema": {"const": "true"},
+    }
+}
+IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": "Run once: a retry with the same key and body replays the result (kept 24 h).",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[ -~]+$"},
+}
 MAX_EVENT_ID = 2**53 - 1
 _STATUS_LIST = "(" + "|".join(TASK_STATUSES) + ")"
 
@@ -241,50 +343,115 @@ def _store_ops(example: dict[str, Any]) -> dict[str, dict[str, Any]]:
     event_id = {"type": "integer", "minimum": 0, "maximum": MAX_EVENT_ID}
     task_json = _json("The task.", _ref("Task"))
     accepted = _json("The task, queued.", _ref("Task"))
-    accepted["headers"] = {**accepted["headers"], **REPLAYED_HEADER,
-                           "Location": {"required": True, "schema": STR, "description": "/lmsp/v1/tasks/{id}"}}
-    events = {"description": "Server-sent events, exactly those of a streamed response (ids from 1), from the "
-                             "resume point on; live until the terminal event.",
-              "headers": dict(VERSION_HEADER),
-              "content": {"text/event-stream": {"schema": {"type": "string", "description": _stream_description()}}}}
+    accepted["headers"] = {
+        **accepted["headers"],
+        **REPLAYED_HEADER,
+        "Location": {"required": True, "schema": STR, "description": "/lmsp/v1/tasks/{id}"},
+    }
+    events = {
+        "description": "Server-sent events, exactly those of a streamed response (ids from 1), from the "
+        "resume point on; live until the terminal event.",
+        "headers": dict(VERSION_HEADER),
+        "content": {"text/event-stream": {"schema": {"type": "string", "description": _stream_description()}}},
+    }
     return {
         "/lmsp/v1/responses/{response_id}": {
-            "get": _op("A stored response.", "responses:read", {"200": _json("The response.", _ref("Response"))},
-                       params=[response_param], problems=("404",)),
-            "delete": _op("Delete a stored response.", "responses:create",
-                          {"200": _json("Deleted.", _ref("ResponseDeleted"))}, params=[response_param],
-                          problems=("404",)),
+            "get": _op(
+                "A stored response.",
+                "responses:read",
+                {"200": _json("The response.", _ref("Response"))},
+                params=[response_param],
+                problems=("404",),
+            ),
+            "delete": _op(
+                "Delete a stored response.",
+                "responses:create",
+                {"200": _json("Deleted.", _ref("ResponseDeleted"))},
+                params=[response_param],
+                problems=("404",),
+            ),
         },
         "/lmsp/v1/tasks": {
-            "post": _op("Run a response in the background (same body as POST /responses; `stream` is ignored).",
-                        "tasks:create", {"202": accepted},
-                        body=_body(_ref("ResponseCreate"), example), params=[IDEMPOTENCY_KEY],
-                        problems=("404", "409", "422", "503")),
-            "get": _op("List tasks, newest first.", "tasks:read", {"200": _json("A page of tasks.", _ref("TaskList"))},
-                       params=[
-                           {"name": "status", "in": "query", "required": False,
-                            "description": "Only tasks in these states (comma-separated).",
-                            "schema": {"type": "string", "pattern": f"^{_STATUS_LIST}(,{_STATUS_LIST})*$"}},
-                           {"name": "limit", "in": "query", "required": False,
-                            "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}},
-                           {"name": "after", "in": "query", "required": False,
-                            "description": "The last id of the previous page.", "schema": STR},
-                       ], problems=("400", "404")),
+            "post": _op(
+                "Run a response in the background (same body as POST /responses; `stream` is ignored).",
+                "tasks:create",
+                {"202": accepted},
+                body=_body(_ref("ResponseCreate"), example),
+                params=[IDEMPOTENCY_KEY],
+                problems=("404", "409", "422", "503"),
+            ),
+            "get": _op(
+                "List tasks, newest first.",
+                "tasks:read",
+                {"200": _json("A page of tasks.", _ref("TaskList"))},
+                params=[
+                    {
+                        "name": "status",
+                        "in": "query",
+                        "required": False,
+                        "description": "Only tasks in these states (comma-separated).",
+                        "schema": {"type": "string", "pattern": f"^{_STATUS_LIST}(,{_STATUS_LIST})*$"},
+                    },
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20},
+                    },
+                    {
+                        "name": "after",
+                        "in": "query",
+                        "required": False,
+                        "description": "The last id of the previous page.",
+                        "schema": STR,
+                    },
+                ],
+                problems=("400", "404"),
+            ),
         },
-        "/lmsp/v1/tasks/{task_id}": {"get": _op("A task, with its response once it ended.", "tasks:read",
-                                                {"200": task_json}, params=[task_param], problems=("404",))},
-        "/lmsp/v1/tasks/{task_id}/events": {"get": _op(
-            "Follow a task's events; resume with `after` or Last-Event-ID (`after` wins).", "tasks:read",
-            {"200": events}, params=[
-                task_param,
-                {"name": "after", "in": "query", "required": False, "schema": event_id,
-                 "description": "Send only events with a greater id."},
-                {"name": "Last-Event-ID", "in": "header", "required": False, "schema": event_id,
-                 "description": "The last event id received (SSE reconnection)."},
-            ], problems=("400", "404", "410"))},
-        "/lmsp/v1/tasks/{task_id}/cancel": {"post": _op(
-            "Cancel a queued or running task; a finished one is returned unchanged.", "tasks:create",
-            {"200": task_json}, params=[task_param], problems=("404",))},
+        "/lmsp/v1/tasks/{task_id}": {
+            "get": _op(
+                "A task, with its response once it ended.",
+                "tasks:read",
+                {"200": task_json},
+                params=[task_param],
+                problems=("404",),
+            )
+        },
+        "/lmsp/v1/tasks/{task_id}/events": {
+            "get": _op(
+                "Follow a task's events; resume with `after` or Last-Event-ID (`after` wins).",
+                "tasks:read",
+                {"200": events},
+                params=[
+                    task_param,
+                    {
+                        "name": "after",
+                        "in": "query",
+                        "required": False,
+                        "schema": event_id,
+                        "description": "Send only events with a greater id.",
+                    },
+                    {
+                        "name": "Last-Event-ID",
+                        "in": "header",
+                        "required": False,
+                        "schema": event_id,
+                        "description": "The last event id received (SSE reconnection).",
+                    },
+                ],
+                problems=("400", "404", "410"),
+            )
+        },
+        "/lmsp/v1/tasks/{task_id}/cancel": {
+            "post": _op(
+                "Cancel a queued or running task; a finished one is returned unchanged.",
+                "tasks:create",
+                {"200": task_json},
+                params=[task_param],
+                problems=("404",),
+            )
+        },
     }
 
 
@@ -298,79 +465,155 @@ def build_openapi(example_model: str | None = None) -> dict[str, Any]:
         "headers": {**VERSION_HEADER, **REPLAYED_HEADER},
         "content": {
             "application/json": {"schema": _ref("Response")},
-            "text/event-stream": {"schema": {"type": "string", "description": _stream_description()},
-                                  "x-lmsp-events": {e: {"$ref": REF + _event_name(e)} for e in [*EVENTS, "error"]}},
+            "text/event-stream": {
+                "schema": {"type": "string", "description": _stream_description()},
+                "x-lmsp-events": {e: {"$ref": REF + _event_name(e)} for e in [*EVENTS, "error"]},
+            },
         },
     }
-    service_doc = _op("The service document: version, capabilities, scopes, limits.", None,
-                      {"200": _json("The service document.", _ref("ServiceDocument"))})
+    service_doc = _op(
+        "The service document: version, capabilities, scopes, limits.",
+        None,
+        {"200": _json("The service document.", _ref("ServiceDocument"))},
+    )
     ops: dict[str, dict[str, Any]] = {
         "/lmsp/v1": {"get": service_doc},
         "/lmsp/v1/": {"get": service_doc},
-        "/lmsp/v1/openapi.json": {"get": _op("This document.", None, {"200": _json("OpenAPI 3.1.", {"type": "object"})})},
-        "/lmsp/v1/models": {"get": _op("List the models discovery found.", "models:read",
-                                       {"200": _json("The models.", _ref("ModelList"))})},
-        "/lmsp/v1/models/{model_id}": {"get": _op("One model.", "models:read",
-                                                  {"200": _json("The model.", _ref("Model"))},
-                                                  params=[model_param], problems=("404",))},
-        "/lmsp/v1/models/{model_id}/load": {"post": _op(
-            "Load a model now.", "models:manage", {"200": _json("The model, loaded.", _ref("Model"))},
-            params=[model_param], problems=("404", "429", "503", "507"))},
-        "/lmsp/v1/models/{model_id}/unload": {"post": _op(
-            "Unload a model.", "models:manage", {"200": _json("The model.", _ref("Model"))},
-            params=[model_param], problems=("404",))},
-        "/lmsp/v1/responses": {"post": _op(
-            "Generate a response (sync or streamed).", "responses:create", {"200": response_ok},
-            body=_body(_ref("ResponseCreate"), response_example, stream={**response_example, "stream": True}),
-            params=[IDEMPOTENCY_KEY], problems=("404", "409", "410", "422", "429", "503", "507"))},
+        "/lmsp/v1/openapi.json": {
+            "get": _op("This document.", None, {"200": _json("OpenAPI 3.1.", {"type": "object"})})
+        },
+        "/lmsp/v1/models": {
+            "get": _op(
+                "List the models discovery found.", "models:read", {"200": _json("The models.", _ref("ModelList"))}
+            )
+        },
+        "/lmsp/v1/models/{model_id}": {
+            "get": _op(
+                "One model.",
+                "models:read",
+                {"200": _json("The model.", _ref("Model"))},
+                params=[model_param],
+                problems=("404",),
+            )
+        },
+        "/lmsp/v1/models/{model_id}/load": {
+            "post": _op(
+                "Load a model now.",
+                "models:manage",
+                {"200": _json("The model, loaded.", _ref("Model"))},
+                params=[model_param],
+                problems=("404", "429", "503", "507"),
+            )
+        },
+        "/lmsp/v1/models/{model_id}/unload": {
+            "post": _op(
+                "Unload a model.",
+                "models:manage",
+                {"200": _json("The model.", _ref("Model"))},
+                params=[model_param],
+                problems=("404",),
+            )
+        },
+        "/lmsp/v1/responses": {
+            "post": _op(
+                "Generate a response (sync or streamed).",
+                "responses:create",
+                {"200": response_ok},
+                body=_body(_ref("ResponseCreate"), response_example, stream={**response_example, "stream": True}),
+                params=[IDEMPOTENCY_KEY],
+                problems=("404", "409", "410", "422", "429", "503", "507"),
+            )
+        },
         **_store_ops(response_example),
         "/lmsp/v1/auth/tokens": {
-            "get": _op("List tokens (never their secrets).", "tokens:manage",
-                       {"200": _json("The tokens, revoked ones too.", _ref("TokenList"))}),
-            "post": _op("Create a token; the answer is the only place its secret appears.", "tokens:manage",
-                        {"201": _json("The token and its secret.", _ref("TokenCreated"))},
-                        body=_body(_ref("TokenCreate"), {"name": "my-app", "scopes": ["models:read"]})),
+            "get": _op(
+                "List tokens (never their secrets).",
+                "tokens:manage",
+                {"200": _json("The tokens, revoked ones too.", _ref("TokenList"))},
+            ),
+            "post": _op(
+                "Create a token; the answer is the only place its secret appears.",
+                "tokens:manage",
+                {"201": _json("The token and its secret.", _ref("TokenCreated"))},
+                body=_body(_ref("TokenCreate"), {"name": "my-app", "scopes": ["models:read"]}),
+            ),
         },
-        "/lmsp/v1/auth/tokens/{token_id}/revoke": {"post": _op(
-            "Revoke a token: refused from the next request on.", "tokens:manage",
-            {"200": _json("The revoked token.", _ref("Token"))},
-            params=[_path_param("token_id", "A token id (tok_…).")], problems=("404", "409"))},
+        "/lmsp/v1/auth/tokens/{token_id}/revoke": {
+            "post": _op(
+                "Revoke a token: refused from the next request on.",
+                "tokens:manage",
+                {"200": _json("The revoked token.", _ref("Token"))},
+                params=[_path_param("token_id", "A token id (tok_…).")],
+                problems=("404", "409"),
+            )
+        },
         "/lmsp/v1/auth/pairings": {
-            "get": _op("Pairing requests waiting for the user.", "tokens:manage",
-                       {"200": _json("The pending requests.", _ref("PairingList"))}),
-            "post": _op("Ask the user for a token (no token needed; rate-limited).", None,
-                        {"202": _json("The pending request, its user code and the poll token.",
-                                      _ref("PairingCreated"), )},
-                        body=_body(_ref("PairingCreate"), {"app_name": "My App", "scopes": ["models:read"]}),
-                        problems=("429",)),
+            "get": _op(
+                "Pairing requests waiting for the user.",
+                "tokens:manage",
+                {"200": _json("The pending requests.", _ref("PairingList"))},
+            ),
+            "post": _op(
+                "Ask the user for a token (no token needed; rate-limited).",
+                None,
+                {
+                    "202": _json(
+                        "The pending request, its user code and the poll token.",
+                        _ref("PairingCreated"),
+                    )
+                },
+                body=_body(_ref("PairingCreate"), {"app_name": "My App", "scopes": ["models:read"]}),
+                problems=("429",),
+            ),
         },
-        "/lmsp/v1/auth/pairings/{pairing_id}": {"get": _op(
-            "Poll a pairing request with its poll token; after approval the token comes exactly once.", None,
-            {"200": _json("The request (with `token` once approved).", _ref("PairingPoll"))},
-            params=[_path_param("pairing_id", "The id from the POST (pair_…).")], problems=("401", "404", "409"),
-            security=[{"pollToken": []}])},
-        "/lmsp/v1/auth/pairings/{ref}/approve": {"post": _op(
-            "Approve a pairing request (by id or user code).", "tokens:manage",
-            {"200": _json("The approved request.", _ref("Pairing"))},
-            params=[_path_param("ref", "A pairing id or its user code.")], problems=("404", "409"))},
-        "/lmsp/v1/auth/pairings/{ref}/deny": {"post": _op(
-            "Deny a pairing request (by id or user code).", "tokens:manage",
-            {"200": _json("The denied request.", _ref("Pairing"))},
-            params=[_path_param("ref", "A pairing id or its user code.")], problems=("404", "409"))},
+        "/lmsp/v1/auth/pairings/{pairing_id}": {
+            "get": _op(
+                "Poll a pairing request with its poll token; after approval the token comes exactly once.",
+                None,
+                {"200": _json("The request (with `token` once approved).", _ref("PairingPoll"))},
+                params=[_path_param("pairing_id", "The id from the POST (pair_…).")],
+                problems=("401", "404", "409"),
+                security=[{"pollToken": []}],
+            )
+        },
+        "/lmsp/v1/auth/pairings/{ref}/approve": {
+            "post": _op(
+                "Approve a pairing request (by id or user code).",
+                "tokens:manage",
+                {"200": _json("The approved request.", _ref("Pairing"))},
+                params=[_path_param("ref", "A pairing id or its user code.")],
+                problems=("404", "409"),
+            )
+        },
+        "/lmsp/v1/auth/pairings/{ref}/deny": {
+            "post": _op(
+                "Deny a pairing request (by id or user code).",
+                "tokens:manage",
+                {"200": _json("The denied request.", _ref("Pairing"))},
+                params=[_path_param("ref", "A pairing id or its user code.")],
+                problems=("404", "409"),
+            )
+        },
     }
     return {
         "openapi": "3.1.0",
-        "info": {"title": "lmsp-tray LMSP 1.0 API", "version": __version__,
-                 "description": "LMSP 1.0 on loopback. Every endpoint but the service document, this document and "
-                                "pairing needs `Authorization: Bearer <token>` with the scope in `x-lmsp-scope`."},
+        "info": {
+            "title": "lmsp-tray LMSP 1.0 API",
+            "version": __version__,
+            "description": "LMSP 1.0 on loopback. Every endpoint but the service document, this document and "
+            "pairing needs `Authorization: Bearer <token>` with the scope in `x-lmsp-scope`.",
+        },
         "servers": [{"url": "/"}],
         "paths": ops,
         "components": {
             "schemas": _schemas(),
             "securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer", "description": "An lmsp_… token."},
-                "pollToken": {"type": "http", "scheme": "bearer",
-                              "description": "The poll_token from POST /auth/pairings (lmspp_…)."},
+                "pollToken": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "The poll_token from POST /auth/pairings (lmspp_…).",
+                },
             },
         },
     }

@@ -16,9 +16,9 @@ from lmsp_tray.http import wire_json
 from lmsp_tray.http.security import token_of
 from lmsp_tray.http.sse import EventStream, wait_disconnect
 from lmsp_tray.protocol.requests import parse_response_create
-from lmsp_tray.replay import ANONYMOUS, Caller, iterate
-from lmsp_tray.responder import Replayed, Responder
-from lmsp_tray.service import Service
+from lmsp_tray.serving.replay import ANONYMOUS, Caller, iterate
+from lmsp_tray.serving.responder import Replayed, Responder
+from lmsp_tray.serving.service import Service
 
 MAX_JSON_DEPTH = 64
 

@@ -31,9 +31,11 @@ request passes, in this order:
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
+from lmsp_tray.auth.tokens import TokenManager, TokenRecord
 from lmsp_tray.errors import (
     ForbiddenHost,
     ForbiddenOrigin,
@@ -44,7 +46,6 @@ from lmsp_tray.errors import (
     Unauthorized,
 )
 from lmsp_tray.http.problems import send_problem
-from lmsp_tray.tokens import TokenManager, TokenRecord
 
 MAX_HEADER_BYTES = 32 * 1024
 MAX_HEADERS = 100
@@ -103,7 +104,7 @@ def host_allowed(value: str | None) -> bool:
         end = host.find("]")
         if end < 0:
             return False
-        host, rest = host[: end + 1], host[end + 1:]
+        host, rest = host[: end + 1], host[end + 1 :]
         if rest:
             if not rest.startswith(":"):
                 return False
@@ -125,7 +126,7 @@ class SecurityPolicy:
     max_request_bytes: int
 
     @classmethod
-    def build(cls, allowed_origins: Iterable[str], max_request_bytes: int) -> "SecurityPolicy":
+    def build(cls, allowed_origins: Iterable[str], max_request_bytes: int) -> SecurityPolicy:
         return cls(frozenset(o.rstrip("/").lower() for o in allowed_origins), max_request_bytes)
 
 
@@ -159,14 +160,19 @@ class SecurityMiddleware:
         headers: list[tuple[bytes, bytes]] = scope["headers"]
         size = sum(len(k) + len(v) + 4 for k, v in headers)
         if size > MAX_HEADER_BYTES or len(headers) > MAX_HEADERS:
-            await send_problem(send, InvalidRequest(
-                f"The request headers are too large ({size} bytes in {len(headers)} headers); the limits are "
-                f"{MAX_HEADER_BYTES} bytes and {MAX_HEADERS} headers."))
+            await send_problem(
+                send,
+                InvalidRequest(
+                    f"The request headers are too large ({size} bytes in {len(headers)} headers); the limits are "
+                    f"{MAX_HEADER_BYTES} bytes and {MAX_HEADERS} headers."
+                ),
+            )
             return
         hosts = [v for k, v in headers if k == b"host"]
         if len(hosts) != 1 or not host_allowed(hosts[0].decode("latin-1").strip()):
-            await send_problem(send, ForbiddenHost(
-                "This service answers only requests addressed to 127.0.0.1, localhost or [::1]."))
+            await send_problem(
+                send, ForbiddenHost("This service answers only requests addressed to 127.0.0.1, localhost or [::1].")
+            )
             return
 
         origins = [v for k, v in headers if k == b"origin"]
@@ -174,12 +180,19 @@ class SecurityMiddleware:
         cors: list[tuple[bytes, bytes]] = []
         if origins:
             if len(origins) != 1 or origin is None or origin.rstrip("/").lower() not in self.policy.allowed_origins:
-                await send_problem(send, ForbiddenOrigin(
-                    "Requests from this web origin are not allowed. Add it to `allowed_origins` in config.toml "
-                    "to let a web page use the API."))
+                await send_problem(
+                    send,
+                    ForbiddenOrigin(
+                        "Requests from this web origin are not allowed. Add it to `allowed_origins` in config.toml "
+                        "to let a web page use the API."
+                    ),
+                )
                 return
-            cors = [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin"),
-                    (b"access-control-expose-headers", CORS_EXPOSE.encode())]
+            cors = [
+                (b"access-control-allow-origin", origin.encode("latin-1")),
+                (b"vary", b"Origin"),
+                (b"access-control-expose-headers", CORS_EXPOSE.encode()),
+            ]
             if scope["method"] == "OPTIONS" and any(k == b"access-control-request-method" for k, _ in headers):
                 await self._preflight(send, cors)
                 return
@@ -202,8 +215,11 @@ class SecurityMiddleware:
         presented = bearer(headers)
         token = self.tokens.authenticate(presented) if presented else None
         if token is None:
-            detail = ("This endpoint needs `Authorization: Bearer <token>`." if presented is None else
-                      "The bearer token is not valid (unknown, revoked or malformed).")
+            detail = (
+                "This endpoint needs `Authorization: Bearer <token>`."
+                if presented is None
+                else "The bearer token is not valid (unknown, revoked or malformed)."
+            )
             raise Unauthorized(detail, headers={"WWW-Authenticate": REALM})
         if needed is not None and needed not in token.scopes:
             raise InsufficientScope(
@@ -215,8 +231,9 @@ class SecurityMiddleware:
     def _check_declared_size(self, headers: list[tuple[bytes, bytes]]) -> None:
         for k, v in headers:
             if k == b"content-length" and v.isdigit() and int(v) > self.policy.max_request_bytes:
-                raise PayloadTooLarge(f"The request body is {int(v)} bytes; the limit is "
-                                      f"{self.policy.max_request_bytes} bytes.")
+                raise PayloadTooLarge(
+                    f"The request body is {int(v)} bytes; the limit is {self.policy.max_request_bytes} bytes."
+                )
 
     async def _preflight(self, send: Any, cors: list[tuple[bytes, bytes]]) -> None:
         headers = cors + [
@@ -235,6 +252,7 @@ def _with_headers(send: Any, extra: list[tuple[bytes, bytes]]) -> Any:
         if message["type"] == "http.response.start":
             message = {**message, "headers": [*message.get("headers", []), *extra]}
         await send(message)
+
     return wrapped
 
 

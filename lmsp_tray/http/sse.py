@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from lmsp_tray.errors import InternalError
 from lmsp_tray.http import wire_json
@@ -28,7 +29,7 @@ KEEPALIVE = b": keep-alive\n\n"
 
 def encode_event(event: Event) -> bytes:
     data = wire_json.dumps(event.data)
-    return f"id: {event.id}\nevent: {event.name}\ndata: {data}\n\n".encode("utf-8")
+    return f"id: {event.id}\nevent: {event.name}\ndata: {data}\n\n".encode()
 
 
 def error_event(event_id: int, problem: dict[str, Any]) -> Event:
@@ -64,8 +65,9 @@ class EventStream:
             while True:
                 pending = asyncio.ensure_future(source.__anext__())
                 while True:
-                    done, _ = await asyncio.wait({pending, gone}, timeout=self._keepalive,
-                                                 return_when=asyncio.FIRST_COMPLETED)
+                    done, _ = await asyncio.wait(
+                        {pending, gone}, timeout=self._keepalive, return_when=asyncio.FIRST_COMPLETED
+                    )
                     if gone in done:
                         raise _ClientGone
                     if pending in done:
@@ -93,8 +95,13 @@ class EventStream:
             log.exception("event stream failed")
             problem = InternalError("The stream failed unexpectedly; it has been logged.").to_problem()
             with contextlib.suppress(Exception):
-                await send({"type": "http.response.body", "body": encode_event(error_event(last_id + 1, problem)),
-                            "more_body": True})
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": encode_event(error_event(last_id + 1, problem)),
+                        "more_body": True,
+                    }
+                )
         finally:
             if pending is not None:
                 pending.cancel()

@@ -14,12 +14,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from lmsp_tray.conversations import Conversations
 from lmsp_tray.errors import InvalidRequest, ServiceUnavailable
 from lmsp_tray.http.routes import JSON, REPLAYED, caller_of, idempotency_key, read_json
 from lmsp_tray.http.sse import EventStream
 from lmsp_tray.protocol.requests import parse_response_create
-from lmsp_tray.tasks import TaskManager, task_object
+from lmsp_tray.serving.conversations import Conversations
+from lmsp_tray.serving.tasks import TaskManager, task_object
 
 BASE = "/lmsp/v1"
 
@@ -72,16 +72,19 @@ async def list_tasks(request: Request) -> Response:
     query = request.query_params
     statuses = [s for value in query.getlist("status") for s in value.split(",")]  # '' is an unknown status
     limit = _int(query.get("limit", "20"), "limit")
-    page = await _tasks(request).list_tasks(caller=caller_of(request), status=statuses, limit=limit,
-                                      after=query.get("after") or None)
+    page = await _tasks(request).list_tasks(
+        caller=caller_of(request), status=statuses, limit=limit, after=query.get("after") or None
+    )
     data = [task_object(t) for t in page.items]
-    return JSON({
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": page.last_id,
-        "has_more": page.has_more,
-    })
+    return JSON(
+        {
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": page.last_id,
+            "has_more": page.has_more,
+        }
+    )
 
 
 async def task_events(request: Request) -> EventStream:
@@ -107,8 +110,7 @@ MAX_INT = 2**53 - 1
 def _int(value: str, param: str) -> int:
     text = value.strip()
     if not re.fullmatch(r"[0-9]{1,16}", text) or int(text) > MAX_INT:
-        raise InvalidRequest(f"'{param}' must be a whole number from 0 to {MAX_INT}, got {value[:40]!r}.",
-                             param=param)
+        raise InvalidRequest(f"'{param}' must be a whole number from 0 to {MAX_INT}, got {value[:40]!r}.", param=param)
     return int(text)
 
 

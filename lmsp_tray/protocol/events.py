@@ -36,8 +36,11 @@ class Event:
 
 def usage(input_tokens: int, output_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
     """Token counts; `input_tokens_details.cached_tokens` says how much of the prompt came from the KV cache."""
-    out: dict[str, Any] = {"input_tokens": input_tokens, "output_tokens": output_tokens,
-                           "total_tokens": input_tokens + output_tokens}
+    out: dict[str, Any] = {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "total_tokens": input_tokens + output_tokens,
+    }
     if cached_tokens is not None:
         out["input_tokens_details"] = {"cached_tokens": cached_tokens}
     return out
@@ -58,8 +61,9 @@ class ResponseAssembler:
     `fail()`, `cancel()`. Each call returns the events it produced.
     """
 
-    def __init__(self, model: str, *, response_id: str | None = None, created_at: int | None = None,
-                 first_event_id: int = 1) -> None:
+    def __init__(
+        self, model: str, *, response_id: str | None = None, created_at: int | None = None, first_event_id: int = 1
+    ) -> None:
         self.response_id = response_id or new_id("resp")
         self.model = model
         self.created_at = int(time.time()) if created_at is None else created_at
@@ -183,18 +187,45 @@ class ResponseAssembler:
         events: list[Event] = []
         if item["type"] == "message":
             item["content"] = [{"type": "output_text", "text": text, "annotations": []}]
-            events.append(self._event("response.output_text.done", item_id=item["id"], output_index=open_.index,
-                                      content_index=0, text=text))
-            events.append(self._event("response.content_part.done", item_id=item["id"], output_index=open_.index,
-                                      content_index=0, part=copy.deepcopy(item["content"][0])))
+            events.append(
+                self._event(
+                    "response.output_text.done",
+                    item_id=item["id"],
+                    output_index=open_.index,
+                    content_index=0,
+                    text=text,
+                )
+            )
+            events.append(
+                self._event(
+                    "response.content_part.done",
+                    item_id=item["id"],
+                    output_index=open_.index,
+                    content_index=0,
+                    part=copy.deepcopy(item["content"][0]),
+                )
+            )
         elif item["type"] == "reasoning":
             item["summary"] = [{"type": "summary_text", "text": text}]
-            events.append(self._event("response.reasoning_summary_text.done", item_id=item["id"],
-                                      output_index=open_.index, summary_index=0, text=text))
+            events.append(
+                self._event(
+                    "response.reasoning_summary_text.done",
+                    item_id=item["id"],
+                    output_index=open_.index,
+                    summary_index=0,
+                    text=text,
+                )
+            )
         elif item["type"] == "function_call":
             item["arguments"] = text
-            events.append(self._event("response.function_call_arguments.done", item_id=item["id"],
-                                      output_index=open_.index, arguments=text))
+            events.append(
+                self._event(
+                    "response.function_call_arguments.done",
+                    item_id=item["id"],
+                    output_index=open_.index,
+                    arguments=text,
+                )
+            )
         item["status"] = status
         self.output[open_.index] = item
         events.append(self._event("response.output_item.done", output_index=open_.index, item=copy.deepcopy(item)))
@@ -209,9 +240,17 @@ class ResponseAssembler:
         else:
             item = {"id": new_id("rs"), "type": "reasoning", "summary": []}
         events += self._open_item(item)
+        assert self._open is not None
         if kind == "message":
-            events.append(self._event("response.content_part.added", item_id=item["id"], output_index=self._open.index,
-                                      content_index=0, part={"type": "output_text", "text": "", "annotations": []}))
+            events.append(
+                self._event(
+                    "response.content_part.added",
+                    item_id=item["id"],
+                    output_index=self._open.index,
+                    content_index=0,
+                    part={"type": "output_text", "text": "", "annotations": []},
+                )
+            )
         return events
 
     def _open_item(self, item: dict[str, Any]) -> list[Event]:
@@ -225,19 +264,27 @@ class ResponseAssembler:
         events = self.close_item()
         self.status = "completed"
         self.usage = usage(input_tokens, output_tokens, cached_tokens)
-        events.append(self._event("response.completed", status=self.status, usage=dict(self.usage),
-                                  response=self.response()))
+        events.append(
+            self._event("response.completed", status=self.status, usage=dict(self.usage), response=self.response())
+        )
         return events
 
-    def incomplete(self, reason: str, input_tokens: int, output_tokens: int, *,
-                   cached_tokens: int | None = None) -> list[Event]:
+    def incomplete(
+        self, reason: str, input_tokens: int, output_tokens: int, *, cached_tokens: int | None = None
+    ) -> list[Event]:
         events = self.close_item("incomplete")
         self.status = "incomplete"
         self.usage = usage(input_tokens, output_tokens, cached_tokens)
         self.incomplete_details = {"reason": reason}
-        events.append(self._event("response.incomplete", status=self.status,
-                                  incomplete_details=dict(self.incomplete_details), usage=dict(self.usage),
-                                  response=self.response()))
+        events.append(
+            self._event(
+                "response.incomplete",
+                status=self.status,
+                incomplete_details=dict(self.incomplete_details),
+                usage=dict(self.usage),
+                response=self.response(),
+            )
+        )
         return events
 
     def fail(self, problem: dict[str, Any]) -> list[Event]:

@@ -11,7 +11,7 @@ Every rejection is an `InvalidRequest` naming the field at fault.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -42,7 +42,7 @@ class RefusalPart(_Edge):
     refusal: str
 
 
-ContentPart = Annotated[Union[InputTextPart, OutputTextPart, RefusalPart], Field(discriminator="type")]
+ContentPart = Annotated[InputTextPart | OutputTextPart | RefusalPart, Field(discriminator="type")]
 
 
 class MessageItem(_Edge):
@@ -95,7 +95,7 @@ class ReasoningItem(_Edge):
 
 
 InputItem = Annotated[
-    Union[MessageItem, FunctionCallItem, FunctionCallOutputItem, ReasoningItem], Field(discriminator="type")
+    MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem, Field(discriminator="type")
 ]
 
 
@@ -114,7 +114,7 @@ class ResponseFormat(_Edge):
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
 
     @model_validator(mode="after")
-    def _schema_present(self) -> "ResponseFormat":
+    def _schema_present(self) -> ResponseFormat:
         if self.type == "json_schema" and self.json_schema is None:
             if self.schema_ is None:
                 raise ValueError("json_schema.schema is required when type is 'json_schema'")
@@ -183,7 +183,9 @@ class ResponseCreate(_Edge):
             return [{"type": "message", "role": "user", "content": value}]
         if isinstance(value, list):
             return [
-                {**item, "type": "message"} if isinstance(item, dict) and "type" not in item and "role" in item else item
+                {**item, "type": "message"}
+                if isinstance(item, dict) and "type" not in item and "role" in item
+                else item
                 for item in value
             ]
         return value
@@ -347,8 +349,7 @@ def _translate(exc: ValidationError, prefix: tuple[Any, ...] = ()) -> Exception:
         )
     kind = err.get("type", "")
     msg = str(err.get("msg", "invalid value"))
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, ") :]
+    msg = msg.removeprefix("Value error, ")
     if kind == "missing":
         detail = f"'{param}' is required."
     elif kind == "union_tag_invalid" or kind == "union_tag_not_found":

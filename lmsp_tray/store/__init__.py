@@ -1,17 +1,18 @@
 """Persistence: one SQLite database (WAL) behind a single writer thread.
 
 `Database` owns the file (migrations, the writer, read-only readers). The
-repository modules — `responses`, `tasks`, `events`, `idempotency`,
-`tokens` — are plain functions taking a connection, so a caller composes
-several of them into one atomic write::
+repository modules — `stored_responses`, `task_rows`, `event_log`,
+`idempotency_keys`, `access_tokens` — are plain functions taking a connection,
+so a caller composes several of them into one atomic write::
 
-    await db.awrite(responses.save, stored)
-    turns = await db.aread(responses.chain, previous_id)
-    await db.awrite(events.append_events, task_id, [(seq, name, data)])
+    await db.awrite(stored_responses.save, stored)
+    turns = await db.aread(stored_responses.chain, previous_id)
+    await db.awrite(event_log.append_events, task_id, [(seq, name, data)])
 
 `housekeeping` purges what is past its time in the background.
 """
 
+from lmsp_tray.store.access_tokens import LastUsedBatcher, TokenRecord
 from lmsp_tray.store.database import (
     Database,
     NotOurDatabase,
@@ -20,12 +21,11 @@ from lmsp_tray.store.database import (
     StoreError,
     WriterStats,
 )
-from lmsp_tray.store.events import DuplicateEvent, EventSequenceError, StoredEvent
+from lmsp_tray.store.event_log import DuplicateEvent, EventSequenceError, StoredEvent
 from lmsp_tray.store.housekeeping import Housekeeper, PurgeReport, purge
-from lmsp_tray.store.idempotency import IdempotencyRecord
-from lmsp_tray.store.responses import StoredResponse, Turn
-from lmsp_tray.store.tasks import Recovery, TaskPage, TaskRecord
-from lmsp_tray.store.tokens import LastUsedBatcher, TokenRecord
+from lmsp_tray.store.idempotency_keys import IdempotencyRecord
+from lmsp_tray.store.stored_responses import StoredResponse, Turn
+from lmsp_tray.store.task_rows import Recovery, TaskPage, TaskRecord
 
 __all__ = [
     "Database",

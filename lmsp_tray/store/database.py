@@ -33,10 +33,11 @@ import logging
 import queue
 import sqlite3
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Self, TypeVar
 
 from lmsp_tray.errors import InternalError
 
@@ -188,7 +189,9 @@ class Database:
         if self._closed:
             raise StoreClosed("the database is closed")
         uri = self.path.resolve().as_uri() + "?mode=ro"
-        conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout_s)
+        conn = sqlite3.connect(
+            uri, uri=True, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout_s
+        )
         conn.row_factory = sqlite3.Row
         conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
         conn.execute("PRAGMA query_only = ON")
@@ -199,7 +202,7 @@ class Database:
 
     # ---- writing -------------------------------------------------------------------------
 
-    def write(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> "Future[T]":
+    def write(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         """Queue ``fn(conn, *args, **kwargs)`` for the writer; the future resolves after COMMIT."""
         future: Future = Future()
         with self._submit_lock:
@@ -304,7 +307,7 @@ class Database:
             if not conn.in_transaction:
                 raise StoreError("a write function ended the writer's transaction itself")
             conn.execute("COMMIT")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - handed to the caller through its future
             self._rollback()
             self.stats.failed += 1
             w.future.set_exception(exc)
@@ -383,7 +386,7 @@ class Database:
             pass
         self._conn.close()
 
-    def __enter__(self) -> "Database":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

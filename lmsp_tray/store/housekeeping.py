@@ -20,12 +20,12 @@ import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Callable
 
+from lmsp_tray.store.access_tokens import LastUsedBatcher
 from lmsp_tray.store.database import Database
-from lmsp_tray.store.idempotency import IDEMPOTENCY_TTL_S
-from lmsp_tray.store.tokens import LastUsedBatcher
+from lmsp_tray.store.idempotency_keys import IDEMPOTENCY_TTL_S
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class PurgeReport:
     pages_freed: int = 0
     steps: int = 0  # write transactions used
 
-    def __add__(self, other: "PurgeReport") -> "PurgeReport":
+    def __add__(self, other: PurgeReport) -> PurgeReport:
         return PurgeReport(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
 
 
@@ -227,7 +227,7 @@ class Housekeeper:
         self.purges += 1
         return report
 
-    def start(self) -> "Housekeeper":
+    def start(self) -> Housekeeper:
         if self._thread is not None:
             raise RuntimeError("the housekeeper is already running")
         self._stop.clear()

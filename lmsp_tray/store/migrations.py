@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 Migration = Callable[[sqlite3.Connection], None]
 
@@ -169,4 +169,6 @@ def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration], path: Pat
 
 
 def _has_log(conn: sqlite3.Connection) -> bool:
-    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '_migrations'").fetchone() is not None
+    return (
+        conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '_migrations'").fetchone() is not None
+    )

@@ -13,7 +13,7 @@ from pathlib import Path
 _PROBE_DIR = os.environ.get("LMSP_TRAY_PROBE_DIR")
 
 if _PROBE_DIR:
-    import lmsp_tray.tray as _tray
+    import lmsp_tray.desktop.tray as _tray
 
     _original_run = _tray.TrayApp.run
 

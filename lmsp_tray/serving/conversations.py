@@ -25,9 +25,8 @@ from typing import Any
 
 from lmsp_tray.errors import ContextLengthExceeded, LMSPError, ResponseNotFound
 from lmsp_tray.protocol.requests import ResponseRequest, parse_response_create
-from lmsp_tray.store import Database
-from lmsp_tray.store import responses as stored_responses
-from lmsp_tray.store.responses import StoredResponse
+from lmsp_tray.store import Database, stored_responses
+from lmsp_tray.store.stored_responses import StoredResponse
 
 
 @dataclass(frozen=True)
@@ -99,7 +98,8 @@ class Conversations:
             if exc.detail.startswith("no stored response"):
                 raise ResponseNotFound(
                     f"No stored response '{previous}' to continue from: previous_response_id must name a response "
-                    f"created with \"store\": true that has not been deleted.", param="previous_response_id",
+                    f'created with "store": true that has not been deleted.',
+                    param="previous_response_id",
                 ) from None
             raise
         context = stored_responses.context_items(turns)

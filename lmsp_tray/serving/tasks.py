@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
-from typing import Any, AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
-from lmsp_tray.conversations import Conversations, PreparedRequest
 from lmsp_tray.errors import (
     InternalError,
     InvalidRequest,
@@ -48,17 +49,16 @@ from lmsp_tray.errors import (
 from lmsp_tray.ids import new_id
 from lmsp_tray.protocol.events import Event
 from lmsp_tray.protocol.requests import ResponseRequest, parse_response_create
-from lmsp_tray.recovery import end_task
-from lmsp_tray.replay import ANONYMOUS, Caller, Claim, Idempotency, Replay
-from lmsp_tray.service import ResponseRun, Service
-from lmsp_tray.store import Database
-from lmsp_tray.store import events as event_log
-from lmsp_tray.store import idempotency as keys
-from lmsp_tray.store import responses as stored_responses
-from lmsp_tray.store import tasks as task_store
-from lmsp_tray.store.tasks import TASK_STATUSES, TaskPage, TaskRecord
+from lmsp_tray.serving.conversations import Conversations, PreparedRequest
+from lmsp_tray.serving.recovery import end_task
+from lmsp_tray.serving.replay import ANONYMOUS, Caller, Claim, Idempotency, Replay
+from lmsp_tray.serving.service import ResponseRun, Service
+from lmsp_tray.store import Database, event_log, stored_responses
+from lmsp_tray.store import idempotency_keys as keys
+from lmsp_tray.store import task_rows as task_store
+from lmsp_tray.store.task_rows import TASK_STATUSES, TaskPage, TaskRecord
 
-log = logging.getLogger("lmsp_tray.tasks")
+log = logging.getLogger("lmsp_tray.serving.tasks")
 
 DEFAULT_MAX_RUNNING = 4
 CANCEL_WAIT_S = 10.0
@@ -142,8 +142,15 @@ class TaskFeed:
 class TaskManager:
     """Creates, runs, cancels and lists tasks; serves their event streams."""
 
-    def __init__(self, service: Service, db: Database, conversations: Conversations,
-                 idempotency: Idempotency, *, max_running: int = DEFAULT_MAX_RUNNING) -> None:
+    def __init__(
+        self,
+        service: Service,
+        db: Database,
+        conversations: Conversations,
+        idempotency: Idempotency,
+        *,
+        max_running: int = DEFAULT_MAX_RUNNING,
+    ) -> None:
         self.service = service
         self.db = db
         self.conversations = conversations
@@ -185,8 +192,9 @@ class TaskManager:
         return len(self._active)
 
     # -- requests ---------------------------------------------------------------------------------
-    async def create(self, request: ResponseRequest, *, caller: Caller = ANONYMOUS,
-                     key: str | None = None) -> tuple[TaskRecord, bool]:
+    async def create(
+        self, request: ResponseRequest, *, caller: Caller = ANONYMOUS, key: str | None = None
+    ) -> tuple[TaskRecord, bool]:
         """Queue a task; returns it and whether it is an idempotent replay."""
         prepared = await self.conversations.prepare(request, owner=caller.owner)  # the chain must exist
         self.service.check_request(prepared.request)  # 400/404 now rather than a failed task later
@@ -221,23 +229,27 @@ class TaskManager:
             raise TaskNotFound(f"No task '{task_id}'. GET /lmsp/v1/tasks lists the tasks that are kept.")
         return task
 
-    async def list_tasks(self, *, caller: Caller = ANONYMOUS, status: list[str] | None = None, limit: int = 20,
-                         after: str | None = None) -> TaskPage:
+    async def list_tasks(
+        self, *, caller: Caller = ANONYMOUS, status: list[str] | None = None, limit: int = 20, after: str | None = None
+    ) -> TaskPage:
         if status:
             unknown = [s for s in status if s not in TASK_STATUSES]
             if unknown:
-                raise InvalidRequest(f"Unknown task status '{unknown[0]}'; use one of {', '.join(TASK_STATUSES)}.",
-                                     param="status")
+                raise InvalidRequest(
+                    f"Unknown task status '{unknown[0]}'; use one of {', '.join(TASK_STATUSES)}.", param="status"
+                )
         if not 1 <= limit <= MAX_LIST_LIMIT:
             raise InvalidRequest(f"limit must be between 1 and {MAX_LIST_LIMIT}.", param="limit")
         try:
-            return await self.db.aread(task_store.list_tasks, status=status or None, owner=caller.owner,
-                                       limit=limit, after=after)
+            return await self.db.aread(
+                task_store.list_tasks, status=status or None, owner=caller.owner, limit=limit, after=after
+            )
         except InvalidRequest as exc:
             if exc.param != "after":
                 raise
-            raise TaskNotFound(f"No task '{after}' to continue the list after; start again without 'after'.",
-                               param="after") from None
+            raise TaskNotFound(
+                f"No task '{after}' to continue the list after; start again without 'after'.", param="after"
+            ) from None
 
     async def cancel(self, task_id: str, *, caller: Caller = ANONYMOUS) -> TaskRecord:
         """End a queued or running task `cancelled`; a finished task is returned unchanged."""
@@ -295,9 +307,9 @@ class TaskManager:
             task_id = self._waiting.popleft()
             worker = asyncio.ensure_future(self._run(task_id))
             self._active[task_id] = worker
-            worker.add_done_callback(lambda _w, tid=task_id: self._worker_done(tid))
+            worker.add_done_callback(functools.partial(self._worker_done, task_id))
 
-    def _worker_done(self, task_id: str) -> None:
+    def _worker_done(self, task_id: str, _worker: object = None) -> None:
         self._active.pop(task_id, None)
         feed = self._feeds.get(task_id)
         if feed is not None and feed.closed:
@@ -311,7 +323,9 @@ class TaskManager:
         except Exception:
             log.exception("task %s failed unexpectedly", task_id)
             if not feed.closed:
-                await self._fail_in_store(task_id, feed, InternalError("The task failed unexpectedly; it has been logged."))
+                await self._fail_in_store(
+                    task_id, feed, InternalError("The task failed unexpectedly; it has been logged.")
+                )
         finally:
             if feed.closed:
                 self._feeds.pop(task_id, None)
@@ -385,16 +399,23 @@ class TaskManager:
                 final = None
                 if batch[-1].terminal:
                     response = run.assembler.response()
-                    final = (response["status"], response, response.get("error"),
-                             prepared.stored(response) if prepared.store else None)
+                    final = (
+                        response["status"],
+                        response,
+                        response.get("error"),
+                        prepared.stored(response) if prepared.store else None,
+                    )
                 rows = [(e.id, e.name, e.data) for e in batch]
                 try:
                     await self.db.awrite(_commit, task_id, rows, final)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - any store failure ends the task, logged
                     log.error("task %s: could not write its events (%s); ending it", task_id, exc)
                     run.cancel()
-                    await self._fail_in_store(task_id, feed, InternalError(
-                        "The service could not record this task's events; it has been logged."))
+                    await self._fail_in_store(
+                        task_id,
+                        feed,
+                        InternalError("The service could not record this task's events; it has been logged."),
+                    )
                     return
                 feed.publish(batch)
                 if final is not None:
@@ -431,8 +452,9 @@ class TaskManager:
             self._feeds.pop(task_id, None)
 
 
-def _create(conn: Any, task_id: str, body: dict[str, Any], response_id: str, owner: str | None,
-            claim: Claim | None) -> TaskRecord:
+def _create(
+    conn: Any, task_id: str, body: dict[str, Any], response_id: str, owner: str | None, claim: Claim | None
+) -> TaskRecord:
     task = task_store.create(conn, task_id, body, response_id=response_id, owner=owner)
     if claim is not None:
         keys.finish(conn, claim.scope, claim.key, {"kind": "task", "task_id": task_id})

@@ -4,18 +4,18 @@ The tray knows nothing about HTTP, engines or tokens; it talks to the
 service through the small `TrayBackend` protocol below, which the daemon
 implements. A poller thread takes a `snapshot()` every `poll_interval`
 seconds (and at once after each click or `refresh()`), and when the state
-changed it rebuilds the menu from `lmsp_tray.menu.build_menu` and switches
+changed it rebuilds the menu from `lmsp_tray.desktop.menu.build_menu` and switches
 the icon. Clicks never run backend calls on the GUI thread (loading a model
 takes seconds): each runs on a worker thread, and a failure becomes a
 notification plus a "⚠ ..." line in the menu and the error icon, never a
 traceback.
 
 The access token goes from `TrayBackend.access_token()` straight to the
-clipboard (`lmsp_tray.desktop.Clipboard`: GTK's clipboard on the GTK
+clipboard (`lmsp_tray.desktop.system.Clipboard`: GTK's clipboard on the GTK
 backends, else wl-copy/xclip/xsel/pbcopy/clip on stdin). It is never
 logged, shown, or put in a notification.
 
-With no display (`lmsp_tray.desktop.display_available()` is false, or
+With no display (`lmsp_tray.desktop.system.display_available()` is false, or
 `load_pystray()` raises `TrayUnavailable`), the caller runs headless and
 prints `headless_message(url)`.
 """
@@ -24,18 +24,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import signal
-import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, MutableMapping, Protocol
+from typing import Any, Protocol
 
-from lmsp_tray.desktop import Clipboard, ClipboardError, display_available, headless_message, open_folder
-from lmsp_tray.icons import draw_icon, load_icon
-from lmsp_tray.menu import (
+from lmsp_tray.desktop.icons import draw_icon, load_icon
+from lmsp_tray.desktop.menu import (
     ERROR,
     ERROR_MARK,
     Action,
@@ -48,23 +46,33 @@ from lmsp_tray.menu import (
     short_reason,
     tooltip,
 )
+from lmsp_tray.desktop.system import Clipboard, ClipboardError, display_available, headless_message, open_folder
+from lmsp_tray.desktop.toolkit import (
+    GTK_BACKENDS,
+    TrayUnavailable,
+    backend_name,
+    default_icon_size,
+    gtk_status_icon_size,
+    icon_class,
+    load_pystray,
+    pystray_menu,
+)
 
 __all__ = [
     "TrayApp",
     "TrayBackend",
     "TrayUnavailable",
-    "load_pystray",
-    # re-exported from lmsp_tray.desktop for the command line's convenience
+    # re-exported from lmsp_tray.desktop.system for the command line's convenience
     "display_available",
     "headless_message",
+    "load_pystray",
 ]
 
-log = logging.getLogger("lmsp_tray.tray")
+log = logging.getLogger("lmsp_tray.desktop.tray")
 
 APP_NAME = "lmsp-tray"
 POLL_INTERVAL = 0.5  # seconds; the menu follows API changes within this (plus one snapshot)
 FAILURE_SECONDS = 60.0  # how long a failed action keeps its line in the menu and the error icon
-GTK_BACKENDS = ("gtk", "appindicator")
 
 
 class TrayBackend(Protocol):
@@ -100,165 +108,6 @@ class TrayBackend(Protocol):
     def quit(self) -> None:
         """The user chose Quit; called once after the tray loop has ended, on the main thread."""
         ...
-
-
-class TrayUnavailable(RuntimeError):
-    """There is no usable system tray (no display, no toolkit); run headless instead."""
-
-
-# -- toolkit ---------------------------------------------------------------------------------------
-
-
-LINUX_BACKENDS = ("appindicator", "gtk", "xorg")  # pystray's own order of preference
-
-
-def load_pystray(environ: MutableMapping[str, str] | None = None) -> ModuleType:
-    """Import pystray, or raise `TrayUnavailable` with a one-line reason.
-
-    pystray picks its backend at first import (`PYSTRAY_BACKEND` overrides
-    it) and fails in several ways without a usable display: ImportError,
-    ValueError (a missing AppIndicator namespace), Xlib.error.DisplayNameError.
-    Its own fallback only moves on after an ImportError, so a desktop without
-    the AppIndicator typelib (ValueError) would get no tray although GTK's
-    works; on Linux, without `PYSTRAY_BACKEND`, each backend is tried in turn.
-    """
-    env = os.environ if environ is None else environ
-    try:
-        import pystray  # noqa: PLC0415 (imported only when a tray is wanted)
-        return pystray
-    except Exception as exc:  # noqa: BLE001 - any failure means "no tray here"
-        first = exc
-    shown = first
-    if not env.get("PYSTRAY_BACKEND") and sys.platform.startswith("linux"):
-        for name in LINUX_BACKENDS:
-            _forget_pystray()
-            env["PYSTRAY_BACKEND"] = name  # read once, by this import
-            try:
-                import pystray  # noqa: PLC0415
-                log.info("pystray's default backend failed (%s); using %s", short_reason(first, 100), name)
-                return pystray
-            except Exception as exc:  # noqa: BLE001
-                if name == "gtk":
-                    shown = exc  # the one that works on most desktops says most about why not
-            finally:
-                env.pop("PYSTRAY_BACKEND", None)
-        _forget_pystray()
-    detail = short_reason(shown, 120) if str(shown) else type(shown).__name__
-    raise TrayUnavailable(f"the system tray is not available ({detail})") from None
-
-
-def _forget_pystray() -> None:
-    """Drop a half-imported pystray so the next import starts again (and picks its backend again)."""
-    for name in [m for m in sys.modules if m == "pystray" or m.startswith("pystray.")]:
-        del sys.modules[name]
-
-
-def backend_name(pystray: ModuleType) -> str:
-    """`gtk`, `appindicator`, `xorg`, `darwin`, `win32` or `dummy`."""
-    return pystray.Icon.__module__.rsplit(".", 1)[-1].lstrip("_")
-
-
-def default_icon_size(backend: str) -> int:
-    """The image size handed to pystray: the size it is most likely shown at, so it is not rescaled."""
-    return {"win32": 32, "darwin": 44, "gtk": 24}.get(backend, 22)
-
-
-def gtk_status_icon_size(panel_size: int) -> int:
-    """The size a GtkStatusIcon shows an image at in a panel of `panel_size` pixels.
-
-    GTK 3 rounds the panel size down to a stock icon size (16, 24, 32, 48) and
-    shrinks bigger images to it (bilinear, blurry); drawing at exactly that
-    size keeps the icon crisp. Measured under trayer: a 38 px slot shows 32 px.
-    """
-    fitting = [s for s in (16, 24, 32, 48) if s <= panel_size]
-    return fitting[-1] if fitting else 16
-
-
-class _SafeNotifier:
-    """Wraps pystray's D-Bus notifier so a missing bus or notification daemon is not fatal.
-
-    pystray 0.19.5's GTK backends create the notifier while starting (no
-    session bus: the tray never starts) and close the last notification
-    while stopping (no notification daemon: `GLib.Error` out of `run()`).
-    """
-
-    def __init__(self, factory: Callable[[], Any] | None) -> None:
-        self._inner = None
-        if factory is None:
-            return
-        try:
-            self._inner = factory()
-        except Exception as exc:  # noqa: BLE001
-            log.info("desktop notifications are not available (%s)", short_reason(exc, 100))
-
-    def notify(self, title: str, message: str, icon: Any) -> None:
-        if self._inner is not None:
-            try:
-                self._inner.notify(title, message, icon)
-            except Exception as exc:  # noqa: BLE001
-                log.debug("notification not shown: %s", short_reason(exc, 100))
-
-    def hide(self) -> None:
-        if self._inner is not None:
-            try:
-                self._inner.hide()
-            except Exception as exc:  # noqa: BLE001
-                log.debug("notification not closed: %s", short_reason(exc, 100))
-
-
-def icon_class(pystray: ModuleType) -> type:
-    """pystray's Icon class, hardened on the GTK backends (see `_SafeNotifier`)."""
-    base = pystray.Icon
-    if backend_name(pystray) not in GTK_BACKENDS or not hasattr(base, "_initialize"):
-        return base
-    try:
-        from pystray._util import notify_dbus  # noqa: PLC0415
-        factory: Callable[[], Any] | None = notify_dbus.Notifier
-    except Exception:  # noqa: BLE001
-        factory = None
-
-    class HardenedIcon(base):  # type: ignore[misc,valid-type]
-        def _initialize(self) -> None:
-            # As pystray's GtkIcon._initialize, minus its SIGINT reset (TrayApp handles
-            # SIGINT/SIGTERM on the GLib loop) and with a notifier that cannot fail.
-            self._notifier = _SafeNotifier(factory)
-            self._mark_ready()
-
-    HardenedIcon.__name__ = HardenedIcon.__qualname__ = "Icon"
-    HardenedIcon.__module__ = base.__module__
-    return HardenedIcon
-
-
-# -- pystray menu from specs ----------------------------------------------------------------------
-
-
-def pystray_menu(pystray: ModuleType, specs: list[MenuItemSpec] | tuple[MenuItemSpec, ...],
-                 on_click: Callable[[Action, str | None], None], *, escape_ampersand: bool = False) -> Any:
-    """A `pystray.Menu` for `specs`; clicking an item calls `on_click(action, arg)`."""
-
-    def text_of(spec: MenuItemSpec) -> str:
-        return spec.text.replace("&", "&&") if escape_ampersand else spec.text
-
-    def item(spec: MenuItemSpec) -> Any:
-        if spec.separator:
-            return pystray.Menu.SEPARATOR
-        if spec.submenu is not None:
-            sub = pystray_menu(pystray, spec.submenu, on_click, escape_ampersand=escape_ampersand)
-            return pystray.MenuItem(text_of(spec), sub, enabled=spec.enabled)
-        action, arg = spec.action, spec.arg
-
-        def clicked(_icon: Any, _item: Any) -> None:
-            if action is not None:
-                on_click(action, arg)
-
-        checked = None if spec.checked is None else (lambda _item, value=spec.checked: value)
-        return pystray.MenuItem(text_of(spec), clicked, checked=checked, enabled=spec.enabled and action is not None,
-                                default=spec.default)
-
-    return pystray.Menu(*[item(s) for s in specs])
-
-
-# -- the app --------------------------------------------------------------------------------------
 
 
 class TrayApp:
@@ -304,7 +153,7 @@ class TrayApp:
     def _safe_snapshot(self) -> TrayState:
         try:
             state = self.backend.snapshot()
-        except Exception as exc:  # noqa: BLE001 - shown in the menu, logged, never raised into the GUI
+        except Exception as exc:
             if not self._snapshot_failing:  # log once per outage, not every poll
                 log.warning("tray snapshot failed: %s", exc, exc_info=log.isEnabledFor(logging.DEBUG))
             self._snapshot_failing = True
@@ -339,7 +188,9 @@ class TrayApp:
         size = size or self.icon_size
         key = (activity, size)
         if key not in self._images:
-            self._images[key] = load_icon(activity, size) if size in (16, 22, 24, 32, 48, 64) else draw_icon(activity, size)
+            self._images[key] = (
+                load_icon(activity, size) if size in (16, 22, 24, 32, 48, 64) else draw_icon(activity, size)
+            )
         return self._images[key]
 
     def poll_once(self) -> bool:
@@ -367,7 +218,7 @@ class TrayApp:
                 break
             try:
                 self.poll_once()
-            except Exception:  # noqa: BLE001 - keep polling whatever happens
+            except Exception:
                 log.exception("tray refresh failed")
 
     # -- clicks -----------------------------------------------------------------------------------
@@ -384,7 +235,7 @@ class TrayApp:
         """Carry out one click synchronously; failures become a notice, a notification and the error icon."""
         try:
             done = self._do(action, arg)
-        except Exception as exc:  # noqa: BLE001 - becomes a message, never a traceback in the GUI
+        except Exception as exc:
             message = f"{self._failure_prefix(action, arg)}: {short_reason(exc, 80)}"
             log.warning("%s", message, exc_info=not _is_user_error(exc))
             with self._lock:
@@ -482,7 +333,7 @@ class TrayApp:
             self._install_signal_handlers()
         try:
             self.icon.run(setup=self._setup)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if not self._stopping.is_set():
                 self._stopping.set()
                 raise TrayUnavailable(f"the tray stopped unexpectedly ({short_reason(exc)})") from exc
@@ -528,7 +379,7 @@ class TrayApp:
         """
         if self.toolkit in GTK_BACKENDS:
             try:
-                from gi.repository import GLib  # noqa: PLC0415
+                from gi.repository import GLib
 
                 for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                     GLib.unix_signal_add(GLib.PRIORITY_HIGH, signum, self._on_signal, signum)
@@ -574,6 +425,6 @@ def _need(arg: str | None) -> str:
 
 def _is_user_error(exc: BaseException) -> bool:
     """Errors with a message meant for people (no traceback in the log needed)."""
-    from lmsp_tray.errors import LMSPError  # noqa: PLC0415
+    from lmsp_tray.errors import LMSPError
 
     return isinstance(exc, (LMSPError, ClipboardError, OSError, RuntimeError, ValueError))

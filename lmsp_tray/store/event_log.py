@@ -21,8 +21,9 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from lmsp_tray.errors import EventHistoryExpired
 from lmsp_tray.store.database import StoreError

@@ -13,8 +13,9 @@ import logging
 import logging.handlers
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from lmsp_tray import __version__
 from lmsp_tray.config import DEFAULT_PORT, Config, ConfigError, Paths, load_config, resolve_paths
@@ -26,18 +27,30 @@ log = logging.getLogger("lmsp_tray")
 def _service_options(parser: argparse.ArgumentParser, sub: bool = False) -> None:
     # Subcommands repeat the options with SUPPRESS defaults so `lmsp-tray --port 9 serve` keeps 9.
     default = argparse.SUPPRESS if sub else None
-    parser.add_argument("--port", type=int, default=default,
-                        help=f"TCP port on 127.0.0.1 (default {DEFAULT_PORT}, or config.toml)")
+    parser.add_argument(
+        "--port", type=int, default=default, help=f"TCP port on 127.0.0.1 (default {DEFAULT_PORT}, or config.toml)"
+    )
     _model_options(parser, sub)
-    parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS if sub else False,
-                        help="log debug details")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS if sub else False, help="log debug details"
+    )
 
 
 def _model_options(parser: argparse.ArgumentParser, sub: bool = False) -> None:
-    parser.add_argument("--models-dir", action="append", type=Path, default=argparse.SUPPRESS if sub else None,
-                        metavar="DIR", help="also scan this folder for GGUF models (repeatable)")
-    parser.add_argument("--no-default-dirs", action="store_true", default=argparse.SUPPRESS if sub else False,
-                        help="scan only the --models-dir folders, not LM Studio/Ollama/Hugging Face/llama.cpp")
+    parser.add_argument(
+        "--models-dir",
+        action="append",
+        type=Path,
+        default=argparse.SUPPRESS if sub else None,
+        metavar="DIR",
+        help="also scan this folder for GGUF models (repeatable)",
+    )
+    parser.add_argument(
+        "--no-default-dirs",
+        action="store_true",
+        default=argparse.SUPPRESS if sub else False,
+        help="scan only the --models-dir folders, not LM Studio/Ollama/Hugging Face/llama.cpp",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     autostart = commands.add_parser("autostart", help="start lmsp-tray at login (off by default)")
     autostart.add_argument("action", choices=["enable", "disable", "status"])
 
-    from lmsp_tray.tokens_cli import add_parser as add_tokens_parser
+    from lmsp_tray.cli.tokens import add_parser as add_tokens_parser
 
     add_tokens_parser(commands)
     return parser
@@ -82,8 +95,9 @@ def setup_logging(paths: Paths, verbose: bool) -> None:
     root.addHandler(console)
     try:
         paths.log_dir.mkdir(parents=True, exist_ok=True)
-        file = logging.handlers.RotatingFileHandler(paths.log_dir / "lmsp-tray.log", maxBytes=1_000_000,
-                                                    backupCount=3, encoding="utf-8")
+        file = logging.handlers.RotatingFileHandler(
+            paths.log_dir / "lmsp-tray.log", maxBytes=1_000_000, backupCount=3, encoding="utf-8"
+        )
         file.setFormatter(fmt)
         root.addHandler(file)
     except OSError:
@@ -108,7 +122,7 @@ def _config(paths: Paths, args: argparse.Namespace) -> Config:
 
 def _catalog(paths: Paths, config: Config, *, announce: bool) -> Any:
     from lmsp_tray.daemon import build_catalog
-    from lmsp_tray.demo import demo_available, ensure_demo_model
+    from lmsp_tray.discovery.demo import demo_available, ensure_demo_model
 
     catalog = build_catalog(paths, config)
     entries = catalog.scan()
@@ -132,18 +146,22 @@ def _catalog(paths: Paths, config: Config, *, announce: bool) -> Any:
 # -- commands -------------------------------------------------------------------------------------
 def cmd_models(paths: Paths, config: Config, args: argparse.Namespace) -> int:
     from lmsp_tray.daemon import build_catalog
-    from lmsp_tray.engine.plan import context_window
+    from lmsp_tray.engine.load_plan import context_window
 
     entries = build_catalog(paths, config).scan()
     if args.json:
         rows = [
             {
-                "id": e.id, "source": e.source, "size_bytes": e.size_bytes,
+                "id": e.id,
+                "source": e.source,
+                "size_bytes": e.size_bytes,
                 "architecture": e.info.architecture if e.info else None,
                 "parameters": e.info.size_label if e.info else None,
                 "quantization": e.info.quantization if e.info else None,
                 "context_length": context_window(e, config.context_cap),
-                "state": "error" if e.error else "available", "error": e.error, "path": str(e.path),
+                "state": "error" if e.error else "available",
+                "error": e.error,
+                "path": str(e.path),
             }
             for e in entries
         ]
@@ -156,13 +174,16 @@ def cmd_models(paths: Paths, config: Config, args: argparse.Namespace) -> int:
     for e in entries:
         quant = (e.info.quantization if e.info else None) or "-"
         status = f"error: {e.error}" if e.error else "available"
-        print(f"{e.id:<40} {e.size_bytes / 1e6:>7.0f}MB {quant:<9} {context_window(e, config.context_cap):>7}  "
-              f"{e.source:<12} {status}")
+        print(
+            f"{e.id:<40} {e.size_bytes / 1e6:>7.0f}MB {quant:<9} {context_window(e, config.context_cap):>7}  "
+            f"{e.source:<12} {status}"
+        )
     return 0
 
 
 def cmd_serve(paths: Paths, config: Config, args: argparse.Namespace, *, tray: bool) -> int:
-    from lmsp_tray.daemon import Daemon, find_running
+    from lmsp_tray.daemon import Daemon
+    from lmsp_tray.instance import find_running
 
     running = find_running(paths)
     if running is not None:
@@ -174,27 +195,36 @@ def cmd_serve(paths: Paths, config: Config, args: argparse.Namespace, *, tray: b
         sock = daemon.bind()
     except OSError as exc:
         daemon.close()
-        return _fail(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}. "
-                     f"Another program uses this port; choose one with --port N or `port` in {paths.config_file}.")
+        return _fail(
+            f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}. "
+            f"Another program uses this port; choose one with --port N or `port` in {paths.config_file}."
+        )
     count = sum(1 for e in catalog.entries() if e.ok)
     if tray:
-        from lmsp_tray.desktop import display_available, headless_message
+        from lmsp_tray.desktop.system import display_available, headless_message
 
         if display_available():
-            from lmsp_tray.tray_backend import run_tray
+            from lmsp_tray.desktop.backend import run_tray
 
-            return run_tray(daemon, sock, announce=f"lmsp-tray {__version__} serving {daemon.url} with {count} "
-                            f"model(s) from the system tray. Quit from its menu or with Ctrl+C.")
+            return run_tray(
+                daemon,
+                sock,
+                announce=f"lmsp-tray {__version__} serving {daemon.url} with {count} "
+                f"model(s) from the system tray. Quit from its menu or with Ctrl+C.",
+            )
         print(headless_message(daemon.url), file=sys.stderr, flush=True)
     else:
-        print(f"lmsp-tray {__version__} serving {daemon.url} with {count} model(s). Stop with Ctrl+C.",
-              file=sys.stderr, flush=True)
+        print(
+            f"lmsp-tray {__version__} serving {daemon.url} with {count} model(s). Stop with Ctrl+C.",
+            file=sys.stderr,
+            flush=True,
+        )
     daemon.serve_forever(sock)
     return 0
 
 
 def cmd_autostart(args: argparse.Namespace) -> int:
-    from lmsp_tray.autostart import autostart_command
+    from lmsp_tray.desktop.autostart import autostart_command
 
     code, message = autostart_command(args.action)
     print(message)
@@ -215,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "models":
         return cmd_models(paths, config, args)
     if args.command == "tokens":
-        from lmsp_tray.tokens_cli import run as cmd_tokens
+        from lmsp_tray.cli.tokens import run as cmd_tokens
 
         return cmd_tokens(paths, config, args)
     setup_logging(paths, args.verbose)

@@ -24,11 +24,12 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from lmsp_tray.errors import InvalidRequest, TaskNotFound
-from lmsp_tray.store import events as event_log
+from lmsp_tray.store import event_log
 
 TASK_STATUSES = ("queued", "in_progress", "completed", "incomplete", "failed", "cancelled")
 TERMINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
@@ -176,10 +177,15 @@ def finish(
         return None
     event_log.append_events(conn, task_id, events, now=now)
     conn.execute(
-        "UPDATE tasks SET status = ?, updated_at = ?, finished_at = ?, response_json = ?, error_json = ? "
-        "WHERE id = ?",
-        (status, now, now, _dumps(None if response is None else dict(response)),
-         _dumps(None if error is None else dict(error)), task_id),
+        "UPDATE tasks SET status = ?, updated_at = ?, finished_at = ?, response_json = ?, error_json = ? WHERE id = ?",
+        (
+            status,
+            now,
+            now,
+            _dumps(None if response is None else dict(response)),
+            _dumps(None if error is None else dict(error)),
+            task_id,
+        ),
     )
     event_log.close_log(conn, task_id, now=now)
     return get(conn, task_id)

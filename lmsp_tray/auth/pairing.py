@@ -25,15 +25,15 @@ import secrets
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ulid import ULID
 
+from lmsp_tray.auth.tokens import TokenManager, check_name, check_scopes, generate_secret
 from lmsp_tray.errors import Conflict, InvalidRequest, NotFound, TooManyRequests
-from lmsp_tray.tokens import TokenManager, check_name, check_scopes, generate_secret
 
-log = logging.getLogger("lmsp_tray.pairing")
+log = logging.getLogger("lmsp_tray.auth.pairing")
 
 PENDING, APPROVED, DENIED, EXPIRED = "pending", "approved", "denied", "expired"
 CODE_ALPHABET = "BCDFGHJKLMNPQRSTVWXZ23456789"  # no vowels (no words), no 0/O/1/I
@@ -93,8 +93,16 @@ class _Pairing:
     collected: bool = False
 
     def view(self) -> PairingView:
-        return PairingView(self.id, self.app_name, self.scopes, self.user_code, self.status, self.created_at,
-                           self.expires_at, self.token_id)
+        return PairingView(
+            self.id,
+            self.app_name,
+            self.scopes,
+            self.user_code,
+            self.status,
+            self.created_at,
+            self.expires_at,
+            self.token_id,
+        )
 
 
 def _pairing_id() -> str:
@@ -120,8 +128,14 @@ def _digest(text: str) -> str:
 class PairingBroker:
     """Pending pairing requests and their outcome; the tray backend calls the same methods as HTTP."""
 
-    def __init__(self, tokens: TokenManager, *, ttl_s: float = 300.0, limits: RateLimits = RateLimits(),
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        tokens: TokenManager,
+        *,
+        ttl_s: float = 300.0,
+        limits: RateLimits = RateLimits(),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.tokens = tokens
         self.ttl_s = ttl_s
         self.limits = limits
@@ -187,8 +201,9 @@ class PairingBroker:
         with self._lock:
             changed = self._expire_locked(now)
             self._check_rate_locked(name, now)
-            pairing = _Pairing(_pairing_id(), name, wanted, self._unique_code_locked(), _digest(poll_token),
-                               now, now + self.ttl_s)
+            pairing = _Pairing(
+                _pairing_id(), name, wanted, self._unique_code_locked(), _digest(poll_token), now, now + self.ttl_s
+            )
             self._pairings[pairing.id] = pairing
             self._recent.append((now, name))
             view = pairing.view()
@@ -201,8 +216,7 @@ class PairingBroker:
         with self._lock:
             changed = self._expire_locked(self.clock())
             pairing = self._pairings.get(pairing_id)
-            if (pairing is None or poll_token is None
-                    or not hmac.compare_digest(_digest(poll_token), pairing.poll_hash)):
+            if pairing is None or poll_token is None or not hmac.compare_digest(_digest(poll_token), pairing.poll_hash):
                 pairing = None
             elif pairing.status == APPROVED and pairing.collected:
                 raise Conflict("The token of this pairing was already collected; it is handed out only once.")
@@ -222,13 +236,13 @@ class PairingBroker:
             changed = self._expire_locked(now)
             code = normalize_code(ref)
             found = self._pairings.get(ref) or next(
-                (p for p in self._pairings.values() if p.user_code == code and p.status == PENDING), None)
+                (p for p in self._pairings.values() if p.user_code == code and p.status == PENDING), None
+            )
         self._notify(changed)
         if found is None:
             raise NotFound(f"No pairing request has the id or code {ref[:40]!r}.")
         if found.status != PENDING:
-            raise Conflict(f"The pairing request is {found.status}; only pending requests can be approved or "
-                           f"denied.")
+            raise Conflict(f"The pairing request is {found.status}; only pending requests can be approved or denied.")
         return found
 
     def _check_rate_locked(self, name: str, now: float) -> None:
@@ -237,14 +251,18 @@ class PairingBroker:
             self._recent.popleft()
         retry = 1 + int(self._recent[0][0] + limits.window_s - now) if self._recent else 1
         if sum(1 for _, n in self._recent if n == name) >= limits.per_app_per_minute:
-            raise TooManyRequests(f"Too many pairing requests from {name!r}; try again in {retry} s.",
-                                  headers={"Retry-After": str(retry)})
+            raise TooManyRequests(
+                f"Too many pairing requests from {name!r}; try again in {retry} s.", headers={"Retry-After": str(retry)}
+            )
         if len(self._recent) >= limits.total_per_minute:
-            raise TooManyRequests(f"Too many pairing requests; try again in {retry} s.",
-                                  headers={"Retry-After": str(retry)})
+            raise TooManyRequests(
+                f"Too many pairing requests; try again in {retry} s.", headers={"Retry-After": str(retry)}
+            )
         if sum(1 for p in self._pairings.values() if p.status == PENDING) >= limits.max_pending:
-            raise TooManyRequests("Too many pairing requests are waiting for the user; try again later.",
-                                  headers={"Retry-After": str(int(self.ttl_s))})
+            raise TooManyRequests(
+                "Too many pairing requests are waiting for the user; try again later.",
+                headers={"Retry-After": str(int(self.ttl_s))},
+            )
 
     def _unique_code_locked(self) -> str:
         taken = {p.user_code for p in self._pairings.values()}
@@ -284,7 +302,7 @@ class PairingBroker:
             for listener in listeners:
                 try:
                     listener(view)
-                except Exception:  # noqa: BLE001 — a broken listener must not break pairing
+                except Exception:
                     log.exception("pairing listener failed")
 
 

@@ -22,9 +22,10 @@ import os
 import plistlib
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 APP_ID = "lmsp-tray"
 DESKTOP_FILE = "lmsp-tray.desktop"
@@ -178,7 +179,7 @@ class XDGAutostart:
         self.path = Path(config_home) / "autostart" / DESKTOP_FILE
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str], home: Path) -> "XDGAutostart":
+    def from_environ(cls, environ: Mapping[str, str], home: Path) -> XDGAutostart:
         configured = environ.get("XDG_CONFIG_HOME", "")
         base = Path(configured) if configured and os.path.isabs(configured) else home / ".config"
         return cls(base)
@@ -201,8 +202,9 @@ class XDGAutostart:
         if entry.get("Hidden", "false").strip().lower() == "true":
             return AutostartStatus(True, False, self.mechanism, self.location(), command, "marked Hidden")
         if entry.get("X-GNOME-Autostart-enabled", "true").strip().lower() == "false":
-            return AutostartStatus(True, False, self.mechanism, self.location(), command,
-                                   "turned off in the desktop's startup settings")
+            return AutostartStatus(
+                True, False, self.mechanism, self.location(), command, "turned off in the desktop's startup settings"
+            )
         return AutostartStatus(True, True, self.mechanism, self.location(), command)
 
     def write(self, command: Sequence[str]) -> None:
@@ -302,7 +304,7 @@ class WinregRegistry:
     """`Registry` over `winreg`, HKEY_CURRENT_USER only (Windows)."""
 
     def __init__(self) -> None:
-        import winreg  # noqa: PLC0415 (Windows only)
+        import winreg
 
         self._winreg = winreg
 
@@ -458,7 +460,7 @@ class Autostart:
         home: Path | None = None,
         registry: Registry | None = None,
         command: Sequence[str] | None = None,
-    ) -> "Autostart":
+    ) -> Autostart:
         platform = platform or sys.platform
         env = os.environ if environ is None else environ
         home = home if home is not None else Path(env.get("HOME") or Path.home())

@@ -6,7 +6,7 @@ keyring. A token is an id (``tok_…``), a name, scopes and a secret
 ``lmsp_`` + ``secrets.token_urlsafe(32)`` (256 bits). The database keeps the
 metadata and the SHA-256 of the secret (a secret with 256 bits of entropy
 needs no salt or slow hash); the secret itself goes to the OS keyring
-(`lmsp_tray.vault`) and is shown once to whoever asked for it.
+(`lmsp_tray.auth.vault`) and is shown once to whoever asked for it.
 `TokenManager` keeps an in-memory map hash → token, filled at start and
 updated by its own create/revoke, so a revocation is effective on the very
 next request and the keyring is never touched on the request path.
@@ -35,17 +35,18 @@ import re
 import secrets
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Protocol
+from typing import Protocol
 
+from lmsp_tray.auth.vault import KeyringUnavailable, SecretVault
 from lmsp_tray.errors import Conflict, InvalidRequest, NotFound
 from lmsp_tray.ids import new_id
-from lmsp_tray.store import tokens as store_tokens
+from lmsp_tray.store import access_tokens as store_tokens
+from lmsp_tray.store.access_tokens import LastUsedBatcher, TokenRecord
 from lmsp_tray.store.database import Database
-from lmsp_tray.store.tokens import LastUsedBatcher, TokenRecord
-from lmsp_tray.vault import KeyringUnavailable, SecretVault
 
-log = logging.getLogger("lmsp_tray.tokens")
+log = logging.getLogger("lmsp_tray.auth.tokens")
 
 SCOPES: tuple[str, ...] = (
     "models:read",
@@ -198,8 +199,9 @@ def check_name(name: object, *, param: str = "name") -> str:
 class TokenManager:
     """Creates, checks and revokes tokens; the in-memory hash map is the request-path check."""
 
-    def __init__(self, repository: TokenRepository, vault: SecretVault | None, *,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, repository: TokenRepository, vault: SecretVault | None, *, clock: Callable[[], float] = time.time
+    ) -> None:
         self.repository = repository
         self.vault = vault
         self.clock = clock
@@ -251,8 +253,9 @@ class TokenManager:
         except KeyringUnavailable as exc:
             problem = str(exc)
             self.keyring_error = exc
-            log.warning("token %s (%s) was created but its secret is not in the keyring: %s", record.id, name,
-                        exc.reason)
+            log.warning(
+                "token %s (%s) was created but its secret is not in the keyring: %s", record.id, name, exc.reason
+            )
         try:
             self.repository.insert(record)
         except BaseException:
@@ -268,9 +271,11 @@ class TokenManager:
         """Revoke a token: refused from the next request on. The owner token is refused here."""
         record = self.get(token_id)
         if token_id == self._owner_id:
-            raise Conflict("The owner token is used by the tray and the CLI and cannot be revoked while the "
-                           "service runs. Stop the service and run `lmsp-tray tokens revoke` to replace it.",
-                           param="id")
+            raise Conflict(
+                "The owner token is used by the tray and the CLI and cannot be revoked while the "
+                "service runs. Stop the service and run `lmsp-tray tokens revoke` to replace it.",
+                param="id",
+            )
         return self._revoke(record)
 
     def _revoke(self, record: TokenRecord) -> TokenRecord:
@@ -286,8 +291,9 @@ class TokenManager:
     def get(self, token_id: str) -> TokenRecord:
         record = self.repository.get(token_id) if isinstance(token_id, str) else None
         if record is None:
-            raise NotFound(f"There is no token with id {str(token_id)[:40]!r}; `lmsp-tray tokens list` shows them.",
-                           param="id")
+            raise NotFound(
+                f"There is no token with id {str(token_id)[:40]!r}; `lmsp-tray tokens list` shows them.", param="id"
+            )
         return record
 
     def tokens(self) -> list[TokenRecord]:

@@ -13,7 +13,7 @@ the token id (``tok_…``). Backends that would not keep a secret safely are
 refused rather than used: the `fail` and `null` backends (nothing kept) and
 plaintext file backends from ``keyrings.alt``. lmsp-tray never writes a
 secret to a file of its own; what happens without a keyring is described in
-`lmsp_tray.tokens`.
+`lmsp_tray.auth.tokens`.
 
 Keyring calls block (0.1–0.3 s over D-Bus); they are never made on the
 request path — bearer tokens are checked against hashes in memory.
@@ -22,7 +22,8 @@ request path — bearer tokens are checked against hashes in memory.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 SERVICE_NAME = "lmsp-tray"
 DEFAULT_TIMEOUT_S = 15.0
@@ -64,12 +65,15 @@ def describe_failure(exc: BaseException) -> KeyringUnavailable:
     if isinstance(exc, keyring.errors.NoKeyringError):
         return KeyringUnavailable("no keyring backend is installed or running", kind="no_backend")
     if isinstance(exc, keyring.errors.KeyringLocked):
-        return KeyringUnavailable("the keyring is locked and could not be unlocked (no unlock prompt could be shown)",
-                                  kind="locked")
+        return KeyringUnavailable(
+            "the keyring is locked and could not be unlocked (no unlock prompt could be shown)", kind="locked"
+        )
     lowered = text.lower()
     if "dbus" in lowered or "d-bus" in lowered or "secretservice" in lowered or "secret service" in lowered:
-        return KeyringUnavailable("the Secret Service cannot be reached over D-Bus (no session bus, or no "
-                                  "keyring daemon on it)", kind="no_dbus")
+        return KeyringUnavailable(
+            "the Secret Service cannot be reached over D-Bus (no session bus, or no keyring daemon on it)",
+            kind="no_dbus",
+        )
     if isinstance(exc, keyring.errors.KeyringError):
         return KeyringUnavailable(f"the keyring refused the request ({name})")
     return KeyringUnavailable(f"the keyring failed ({name})")
@@ -78,8 +82,9 @@ def describe_failure(exc: BaseException) -> KeyringUnavailable:
 class SecretVault:
     """Keeps token secrets in the OS keyring (service ``lmsp-tray``, one entry per token id)."""
 
-    def __init__(self, backend: Any | None = None, *, service: str = SERVICE_NAME,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self, backend: Any | None = None, *, service: str = SERVICE_NAME, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> None:
         self._backend = backend
         self.service = service
         self.timeout_s = timeout_s
@@ -122,8 +127,11 @@ class SecretVault:
         if any(qualified.startswith(prefix) for prefix in _UNSAFE_BACKENDS):
             if qualified.startswith("keyring.backends.fail."):
                 raise KeyringUnavailable("no keyring backend is installed or running", kind="no_backend")
-            raise KeyringUnavailable(f"the configured keyring backend ({qualified}) would not keep secrets "
-                                     f"safely, so lmsp-tray does not use it", kind="unsafe_backend")
+            raise KeyringUnavailable(
+                f"the configured keyring backend ({qualified}) would not keep secrets "
+                f"safely, so lmsp-tray does not use it",
+                kind="unsafe_backend",
+            )
         inner = getattr(backend, "backends", None)  # keyring's ChainerBackend
         if isinstance(inner, (list, tuple)) and not inner:
             raise KeyringUnavailable("no keyring backend is installed or running", kind="no_backend")
@@ -143,8 +151,10 @@ class SecretVault:
         worker.start()
         worker.join(self.timeout_s)
         if worker.is_alive():
-            raise KeyringUnavailable(f"the keyring did not answer within {self.timeout_s:.0f} s (is an unlock "
-                                     f"prompt waiting?)", kind="timeout")
+            raise KeyringUnavailable(
+                f"the keyring did not answer within {self.timeout_s:.0f} s (is an unlock prompt waiting?)",
+                kind="timeout",
+            )
         if "error" in box:
             raise describe_failure(box["error"]) from None
         return box["value"]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from lmsp_tray.menu import ACTIVITIES, ERROR, IDLE, LOADING, SERVING
+from lmsp_tray.desktop.menu import ACTIVITIES, ERROR, IDLE, LOADING, SERVING
 
 TRAY_SIZES = (16, 22, 24, 32, 48, 64)
 APP_SIZES = (16, 24, 32, 48, 64, 128, 256, 512, 1024)
@@ -127,7 +127,7 @@ def assets_dir() -> Path | None:
     bundle = getattr(sys, "_MEIPASS", None)
     if bundle:
         candidates.append(Path(bundle) / "assets")
-    candidates.append(Path(__file__).resolve().parent.parent / "assets")
+    candidates.append(Path(__file__).resolve().parents[2] / "assets")
     for folder in candidates:
         if (folder / icon_filename(IDLE, 16)).is_file():
             return folder

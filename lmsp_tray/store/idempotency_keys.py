@@ -24,8 +24,9 @@ import hashlib
 import json
 import sqlite3
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from lmsp_tray.errors import IdempotencyKeyInProgress, IdempotencyKeyReused
 
@@ -57,7 +58,9 @@ def request_hash(body: Any) -> str:
 
 def _record(row: sqlite3.Row | tuple, *, is_new: bool = False) -> IdempotencyRecord:
     scope, key, digest, state, created, finished, result = tuple(row)
-    return IdempotencyRecord(scope, key, digest, state, created, finished, None if result is None else json.loads(result), is_new)
+    return IdempotencyRecord(
+        scope, key, digest, state, created, finished, None if result is None else json.loads(result), is_new
+    )
 
 
 def get(conn: sqlite3.Connection, scope: str, key: str) -> IdempotencyRecord | None:
@@ -124,7 +127,5 @@ def finish(
 
 def abandon(conn: sqlite3.Connection, scope: str, key: str) -> bool:
     """Release a claimed key (the request failed before producing anything); a retry runs anew."""
-    cur = conn.execute(
-        "DELETE FROM idempotency WHERE scope = ? AND key = ? AND state = 'in_progress'", (scope, key)
-    )
+    cur = conn.execute("DELETE FROM idempotency WHERE scope = ? AND key = ? AND state = 'in_progress'", (scope, key))
     return cur.rowcount > 0

@@ -1,6 +1,6 @@
 """The daemon as the tray sees it: `DaemonTrayBackend`, and `run_tray` that puts the two together.
 
-`lmsp_tray.tray` knows nothing of the service; it talks to a `TrayBackend`.
+`lmsp_tray.desktop.tray` knows nothing of the service; it talks to a `TrayBackend`.
 This module implements that protocol over the live `Daemon`, in process (no
 HTTP): the menu's model list is the catalog plus the `ModelManager`'s states,
 a click on a model calls `ModelManager.acquire` / `unload` directly (the
@@ -26,20 +26,21 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
+from lmsp_tray.desktop.menu import MODEL_ERROR, ModelView, PairingView, TrayState, clean_text, short_reason
 from lmsp_tray.errors import LMSPError, ModelNotFound
-from lmsp_tray.menu import MODEL_ERROR, ModelView, PairingView, TrayState, clean_text, short_reason
 
 if TYPE_CHECKING:
     import socket
 
-    from lmsp_tray.autostart import Autostart
     from lmsp_tray.daemon import Daemon
+    from lmsp_tray.desktop.autostart import Autostart
 
-log = logging.getLogger("lmsp_tray.tray")
+log = logging.getLogger("lmsp_tray.desktop.tray")
 
 
 # -- hooks the security work fills in ---------------------------------------------------------------
@@ -48,10 +49,14 @@ log = logging.getLogger("lmsp_tray.tray")
 class PairingLike(Protocol):
     """What the tray reads of a pending pairing request (security's `PairingView` has these)."""
 
-    id: str
-    app_name: str
-    scopes: Sequence[str]
-    user_code: str
+    @property
+    def id(self) -> str: ...
+    @property
+    def app_name(self) -> str: ...
+    @property
+    def scopes(self) -> Sequence[str]: ...
+    @property
+    def user_code(self) -> str: ...
 
 
 def _no_token() -> str | None:
@@ -94,7 +99,7 @@ class TrayHooks:
     notice: Callable[[], str | None] = _no_notice  # a service-level problem to show on top of the menu
 
 
-def tray_hooks(daemon: "Daemon") -> TrayHooks:
+def tray_hooks(daemon: Daemon) -> TrayHooks:
     """The owner token, pairing requests and keyring trouble of a live daemon (`daemon.auth`)."""
     auth = daemon.auth
 
@@ -117,8 +122,10 @@ def pairing_notification(view: Any) -> str | None:
     if getattr(view, "status", None) != "pending":
         return None
     scopes = ", ".join(clean_text(str(s), 32) for s in view.scopes) or "no scopes"
-    return (f"{clean_text(view.app_name, 40)} asks for a token ({scopes}). Code {clean_text(view.user_code, 12)}: "
-            f"approve or deny it in the lmsp-tray menu.")
+    return (
+        f"{clean_text(view.app_name, 40)} asks for a token ({scopes}). Code {clean_text(view.user_code, 12)}: "
+        f"approve or deny it in the lmsp-tray menu."
+    )
 
 
 # -- the backend ------------------------------------------------------------------------------------
@@ -127,7 +134,7 @@ def pairing_notification(view: Any) -> str | None:
 class DaemonTrayBackend:
     """`TrayBackend` over a live `Daemon`. Every method is thread-safe; load/unload block."""
 
-    def __init__(self, daemon: "Daemon", autostart: "Autostart", hooks: TrayHooks | None = None) -> None:
+    def __init__(self, daemon: Daemon, autostart: Autostart, hooks: TrayHooks | None = None) -> None:
         self.daemon = daemon
         self.autostart = autostart
         self.hooks = hooks if hooks is not None else TrayHooks()
@@ -182,8 +189,10 @@ class DaemonTrayBackend:
         except Exception as exc:  # noqa: BLE001
             log.debug("pairing requests unavailable: %s", exc)
             return ()
-        return tuple(PairingView(str(p.id), str(p.app_name or ""), tuple(str(s) for s in p.scopes or ()),
-                                 str(p.user_code or "")) for p in pending)
+        return tuple(
+            PairingView(str(p.id), str(p.app_name or ""), tuple(str(s) for s in p.scopes or ()), str(p.user_code or ""))
+            for p in pending
+        )
 
     def _notice(self) -> str | None:
         try:
@@ -242,24 +251,35 @@ class DaemonTrayBackend:
 # -- running --------------------------------------------------------------------------------------
 
 
-def run_tray(daemon: "Daemon", sock: "socket.socket", *, autostart: "Autostart | None" = None,
-             hooks: TrayHooks | None = None, announce: str | None = None) -> int:
+def run_tray(
+    daemon: Daemon,
+    sock: socket.socket,
+    *,
+    autostart: Autostart | None = None,
+    hooks: TrayHooks | None = None,
+    announce: str | None = None,
+) -> int:
     """The tray on this (main) thread, the API on a background thread; returns the exit code.
 
     Prints `announce` once the tray is up. When the tray cannot be shown after
     all (no toolkit, the display refuses us), prints one line saying so
     instead and serves headless.
     """
-    from lmsp_tray.autostart import Autostart
-    from lmsp_tray.desktop import headless_message
-    from lmsp_tray.tray import TrayApp, TrayUnavailable, load_pystray
+    from lmsp_tray.desktop.autostart import Autostart
+    from lmsp_tray.desktop.system import headless_message
+    from lmsp_tray.desktop.tray import TrayApp, TrayUnavailable, load_pystray
 
-    backend = DaemonTrayBackend(daemon, autostart or Autostart.for_platform(),
-                                hooks if hooks is not None else tray_hooks(daemon))
+    backend = DaemonTrayBackend(
+        daemon, autostart or Autostart.for_platform(), hooks if hooks is not None else tray_hooks(daemon)
+    )
     try:
         app = TrayApp(backend, pystray=load_pystray())
     except Exception as exc:  # noqa: BLE001 - TrayUnavailable, or a toolkit refusing to start
-        reason = str(exc) if isinstance(exc, TrayUnavailable) else f"the system tray is not available ({short_reason(exc, 120)})"
+        reason = (
+            str(exc)
+            if isinstance(exc, TrayUnavailable)
+            else f"the system tray is not available ({short_reason(exc, 120)})"
+        )
         print(headless_message(daemon.url, reason), file=sys.stderr, flush=True)
         daemon.serve_forever(sock)
         return 0
@@ -267,17 +287,18 @@ def run_tray(daemon: "Daemon", sock: "socket.socket", *, autostart: "Autostart |
     if announce:
         print(announce, file=sys.stderr, flush=True)
     daemon.start_background(sock)
-    refresh: Callable[..., None] = lambda *_: app.refresh()  # noqa: E731 - sets an event; safe under any lock
+    refresh: Callable[..., None] = lambda *_: app.refresh()
     daemon.models.subscribe(refresh)
     daemon.watcher.subscribe(refresh)
-    def announce(view: Any = None, *_: Any) -> None:
+
+    def notify_pairing(view: Any = None, *_: Any) -> None:
         message = pairing_notification(view)
         if message is not None:
             app.notify(message)
 
     try:
         backend.hooks.subscribe_pairings(refresh)
-        backend.hooks.subscribe_pairings(announce)
+        backend.hooks.subscribe_pairings(notify_pairing)
     except Exception as exc:  # noqa: BLE001
         log.debug("no pairing notifications: %s", exc)
     try:
@@ -291,7 +312,7 @@ def run_tray(daemon: "Daemon", sock: "socket.socket", *, autostart: "Autostart |
         daemon.stop_background()  # a no-op after Quit; after SIGTERM/SIGINT the same clean stop
 
 
-def _wait_for_signal(daemon: "Daemon") -> None:
+def _wait_for_signal(daemon: Daemon) -> None:
     """Keep serving (the tray died) until SIGTERM/SIGINT or the server stops."""
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -1,7 +1,7 @@
 """The tray menu as a pure function of the service's state.
 
 Everything the tray shows is decided here, with no GUI toolkit imported:
-`build_menu(TrayState) -> list[MenuItemSpec]`. `lmsp_tray.tray` turns the
+`build_menu(TrayState) -> list[MenuItemSpec]`. `lmsp_tray.desktop.tray` turns the
 specs into pystray items and routes each item's `Action` to a `TrayBackend`
 call. Keeping the decisions here makes the menu unit-testable without a
 display, and keeps the GUI layer a thin, mechanical translation.
@@ -109,11 +109,11 @@ class MenuItemSpec:
     arg: str | None = None
     checked: bool | None = None  # None: not a check item
     enabled: bool = True
-    submenu: tuple["MenuItemSpec", ...] | None = None
+    submenu: tuple[MenuItemSpec, ...] | None = None
     separator: bool = False
     default: bool = False  # the action of a plain click on the icon, where the platform has one
 
-    def find(self, text_prefix: str) -> "MenuItemSpec":
+    def find(self, text_prefix: str) -> MenuItemSpec:
         """The submenu entry whose text starts with `text_prefix` (for tests and tools)."""
         return find_item(self.submenu or (), text_prefix)
 
@@ -121,7 +121,7 @@ class MenuItemSpec:
 SEPARATOR = MenuItemSpec(separator=True)
 
 
-def find_item(items: "list[MenuItemSpec] | tuple[MenuItemSpec, ...]", text_prefix: str) -> MenuItemSpec:
+def find_item(items: list[MenuItemSpec] | tuple[MenuItemSpec, ...], text_prefix: str) -> MenuItemSpec:
     for item in items:
         if not item.separator and item.text.startswith(text_prefix):
             return item
@@ -164,7 +164,7 @@ def human_size(size_bytes: int | None) -> str:
     return f"{value:.0f} {unit}"
 
 
-def activity_for(models: "tuple[ModelView, ...] | list[ModelView]", *, failed: bool = False) -> str:
+def activity_for(models: tuple[ModelView, ...] | list[ModelView], *, failed: bool = False) -> str:
     """The icon state: error (a service problem or failed action), loading, serving, else idle.
 
     A model whose file cannot be read is marked on its own menu line; it does
@@ -287,7 +287,9 @@ def build_menu(state: TrayState) -> list[MenuItemSpec]:
     if state.notice:
         items.append(MenuItemSpec(f"{ERROR_MARK} {clean_text(state.notice, 80)}", enabled=False))
     items.append(SEPARATOR)
-    items.append(MenuItemSpec(f"Models ({loaded}/{total} loaded)" if total else "Models", submenu=models_submenu(state)))
+    items.append(
+        MenuItemSpec(f"Models ({loaded}/{total} loaded)" if total else "Models", submenu=models_submenu(state))
+    )
     items.append(MenuItemSpec("Unload all", Action.UNLOAD_ALL, enabled=any_loaded))
     items.append(MenuItemSpec("Rescan models", Action.RESCAN))
     items.append(MenuItemSpec("Open models folder", Action.OPEN_MODELS_FOLDER))
@@ -312,7 +314,7 @@ def build_menu(state: TrayState) -> list[MenuItemSpec]:
     return items
 
 
-def walk(items: "list[MenuItemSpec] | tuple[MenuItemSpec, ...]"):
+def walk(items: list[MenuItemSpec] | tuple[MenuItemSpec, ...]):
     """Every item, depth first (submenus after their parent)."""
     for item in items:
         yield item

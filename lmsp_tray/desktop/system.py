@@ -1,6 +1,6 @@
 """Desktop integration that needs no GUI toolkit: is there a display, the clipboard, the file manager.
 
-Kept apart from `lmsp_tray.tray` so the command line can decide "tray or
+Kept apart from `lmsp_tray.desktop.tray` so the command line can decide "tray or
 headless" without importing pystray, and so these helpers are testable on
 any machine.
 
@@ -18,10 +18,11 @@ import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
-log = logging.getLogger("lmsp_tray.desktop")
+log = logging.getLogger("lmsp_tray.desktop.system")
 
 
 class ClipboardError(RuntimeError):
@@ -94,8 +95,14 @@ class Clipboard:
                 continue
             try:
                 # stdout/stderr to DEVNULL: xclip stays behind to serve the selection and would hold a pipe open.
-                self._run([path, *argv[1:]], input=text.encode("utf-8"), stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL, timeout=5, check=True)
+                self._run(
+                    [path, *argv[1:]],
+                    input=text.encode("utf-8"),
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    timeout=5,
+                    check=True,
+                )
                 return argv[0]
             except (OSError, subprocess.SubprocessError) as exc:
                 log.warning("%s failed: %s", argv[0], type(exc).__name__)
@@ -104,11 +111,11 @@ class Clipboard:
 
     @staticmethod
     def _copy_gtk(text: str, timeout: float = 5.0) -> None:
-        import gi  # noqa: PLC0415
+        import gi
 
         gi.require_version("Gtk", "3.0")
         gi.require_version("Gdk", "3.0")
-        from gi.repository import Gdk, GLib, Gtk  # noqa: PLC0415
+        from gi.repository import Gdk, GLib, Gtk
 
         done = threading.Event()
         failures: list[BaseException] = []
@@ -138,11 +145,16 @@ def open_folder(path: Path, platform: str | None = None) -> None:
     """Show `path` in the file manager (xdg-open, open, or Explorer)."""
     platform = platform or sys.platform
     if platform == "win32":
-        os.startfile(str(path))  # type: ignore[attr-defined]  # noqa: S606
+        os.startfile(str(path))  # type: ignore[attr-defined]
         return
     tool = "open" if platform == "darwin" else "xdg-open"
     found = shutil.which(tool)
     if not found:
         raise FileNotFoundError(f"{tool} not found; the folder is {path}")
-    subprocess.Popen([found, str(path)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,  # noqa: S603
-                     stderr=subprocess.DEVNULL, start_new_session=True)
+    subprocess.Popen(
+        [found, str(path)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )

@@ -20,21 +20,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
-from lmsp_tray.conversations import Conversations, PreparedRequest, input_items
 from lmsp_tray.errors import IdempotencyKeyReused, LMSPError
 from lmsp_tray.protocol.events import Event
 from lmsp_tray.protocol.requests import ResponseRequest
-from lmsp_tray.replay import ANONYMOUS, Caller, Claim, Idempotency, Replay, background
-from lmsp_tray.service import ResponseRun, Service
-from lmsp_tray.store import Database
-from lmsp_tray.store import events as event_log
-from lmsp_tray.store import idempotency
-from lmsp_tray.store import responses as stored_responses
+from lmsp_tray.serving.conversations import Conversations, PreparedRequest, input_items
+from lmsp_tray.serving.replay import ANONYMOUS, Caller, Claim, Idempotency, Replay, background
+from lmsp_tray.serving.service import ResponseRun, Service
+from lmsp_tray.store import Database, event_log, stored_responses
+from lmsp_tray.store import idempotency_keys as idempotency
 
-log = logging.getLogger("lmsp_tray.responder")
+log = logging.getLogger("lmsp_tray.serving.responder")
 
 KEPT_STATUSES = frozenset({"completed", "incomplete"})  # results a key replays; others release it
 
@@ -42,8 +41,15 @@ KEPT_STATUSES = frozenset({"completed", "incomplete"})  # results a key replays;
 class Started:
     """A response that is running: its events (with persistence applied) or its final object."""
 
-    def __init__(self, run: ResponseRun, prepared: PreparedRequest, *, db: Database | None,
-                 claim: Claim | None, idempotency: Idempotency | None) -> None:
+    def __init__(
+        self,
+        run: ResponseRun,
+        prepared: PreparedRequest,
+        *,
+        db: Database | None,
+        claim: Claim | None,
+        idempotency: Idempotency | None,
+    ) -> None:
         self.run = run
         self.prepared = prepared
         self._db = db
@@ -68,7 +74,9 @@ class Started:
                     await self._final_write(event)
                     done = True
                 elif self._log_events and self._db is not None:
-                    background(self._db, event_log.append_events, self.response_id, [(event.id, event.name, event.data)])
+                    background(
+                        self._db, event_log.append_events, self.response_id, [(event.id, event.name, event.data)]
+                    )
                 yield event
         finally:
             if not done:
@@ -113,8 +121,9 @@ class Started:
         self._claim = None
 
 
-def _finish_response(conn: Any, response_id: str, log_row: tuple | None, stored: Any, claim: Claim | None,
-                     result: dict[str, Any] | None) -> None:
+def _finish_response(
+    conn: Any, response_id: str, log_row: tuple | None, stored: Any, claim: Claim | None, result: dict[str, Any] | None
+) -> None:
     """One transaction: the stream's terminal event, the stored turn, the key's result (or its release)."""
     if log_row is not None:
         try:
@@ -142,15 +151,22 @@ class Replayed:
 class Responder:
     """Starts responses for `POST /responses`; without a database it is the bare service."""
 
-    def __init__(self, service: Service, *, db: Database | None = None,
-                 conversations: Conversations | None = None, idempotency: Idempotency | None = None) -> None:
+    def __init__(
+        self,
+        service: Service,
+        *,
+        db: Database | None = None,
+        conversations: Conversations | None = None,
+        idempotency: Idempotency | None = None,
+    ) -> None:
         self.service = service
         self.db = db
         self.conversations = conversations
         self.idempotency = idempotency
 
-    async def start(self, request: ResponseRequest, *, caller: Caller = ANONYMOUS,
-                    key: str | None = None) -> Started | Replayed:
+    async def start(
+        self, request: ResponseRequest, *, caller: Caller = ANONYMOUS, key: str | None = None
+    ) -> Started | Replayed:
         """Everything that can fail before the first event; or the replay of an earlier result."""
         claim: Claim | None = None
         if key is not None and self.idempotency is not None:

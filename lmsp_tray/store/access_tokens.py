@@ -3,7 +3,7 @@
 Why: the OS keyring holds token secrets; the daemon keeps only what it needs
 to check a bearer token and show it to the user — id, name, scopes,
 created/last-used times, revocation and a hash of the secret (hashing and
-constant-time checks are `lmsp_tray.tokens`' job; looking a row up by a
+constant-time checks are `lmsp_tray.auth.tokens`' job; looking a row up by a
 SHA-256 of a high-entropy secret leaks nothing through timing). The hash
 never appears in a repr.
 
@@ -20,8 +20,9 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from lmsp_tray.store.database import Database
@@ -136,7 +137,7 @@ class LastUsedBatcher:
         with self._lock:
             return self._pending.get(token_id)
 
-    def flush(self, db: "Database") -> int:
+    def flush(self, db: Database) -> int:
         """Write what was noted; returns how many tokens were written."""
         with self._lock:
             batch, self._pending = self._pending, {}

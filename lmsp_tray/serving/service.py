@@ -14,19 +14,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Protocol
+from typing import Any, Protocol
 
 from lmsp_tray import __version__
+from lmsp_tray.auth.tokens import SCOPES
 from lmsp_tray.chat.capabilities import model_capabilities
 from lmsp_tray.chat.parser import OutputParser, ParserConfig, apply
 from lmsp_tray.chat.plan import ChatPlan, OutputSpec, build_plan, prepare
-from lmsp_tray.config import Config, parse_duration, ConfigError
+from lmsp_tray.config import Config, ConfigError, parse_duration
 from lmsp_tray.discovery.entry import ModelEntry
 from lmsp_tray.engine.jobs import CANCELLED, CONTEXT, ERROR, LENGTH, Finish, GenerationJob
+from lmsp_tray.engine.load_plan import context_window
 from lmsp_tray.engine.manager import ModelManager
 from lmsp_tray.engine.model import LlamaModel
-from lmsp_tray.engine.plan import context_window
 from lmsp_tray.engine.sampling import (
     DEFAULT_MIN_P,
     DEFAULT_TEMPERATURE,
@@ -45,9 +47,8 @@ from lmsp_tray.errors import (
 )
 from lmsp_tray.protocol.events import Event, ResponseAssembler
 from lmsp_tray.protocol.requests import ResponseRequest
-from lmsp_tray.tokens import SCOPES
 
-log = logging.getLogger("lmsp_tray.service")
+log = logging.getLogger("lmsp_tray.serving.service")
 
 INLINE_PROMPT_CHARS = 16_000
 
@@ -71,8 +72,14 @@ class Capabilities:
 class ResponseRun:
     """One running response: its events, in order, then the final object."""
 
-    def __init__(self, assembler: ResponseAssembler, job: GenerationJob, queue: asyncio.Queue,
-                 on_done: Callable[["ResponseRun"], None] | None = None, parser: OutputParser | None = None) -> None:
+    def __init__(
+        self,
+        assembler: ResponseAssembler,
+        job: GenerationJob,
+        queue: asyncio.Queue,
+        on_done: Callable[[ResponseRun], None] | None = None,
+        parser: OutputParser | None = None,
+    ) -> None:
         self.assembler = assembler
         self.job = job
         self._queue = queue
@@ -142,8 +149,9 @@ class ResponseRun:
 
 
 class Service:
-    def __init__(self, *, config: Config, catalog: Catalog, models: ModelManager,
-                 capabilities: Capabilities | None = None) -> None:
+    def __init__(
+        self, *, config: Config, catalog: Catalog, models: ModelManager, capabilities: Capabilities | None = None
+    ) -> None:
         self.config = config
         self.catalog = catalog
         self.models = models
@@ -255,8 +263,7 @@ class Service:
                 if attempt:
                     raise  # unloaded twice in a row: give up
         assembler = ResponseAssembler(entry.id, response_id=response_id)
-        run = ResponseRun(assembler, job, queue, on_done=self._runs.discard,
-                          parser=plan.parser(job.grammar_trigger))  # type: ignore[arg-type]
+        run = ResponseRun(assembler, job, queue, on_done=self._runs.discard, parser=plan.parser(job.grammar_trigger))  # type: ignore[arg-type]
         self._runs.add(run)
         return run
 
@@ -271,9 +278,7 @@ class Service:
         if request.tools and request.tool_choice != "none" and "tools" not in caps:
             raise UnsupportedCapability(f"'{entry.id}' does not support tools.", param="tools")
         if (request.json_schema is not None or request.json_object) and "structured_output" not in caps:
-            raise UnsupportedCapability(
-                f"'{entry.id}' does not support structured output.", param="response_format"
-            )
+            raise UnsupportedCapability(f"'{entry.id}' does not support structured output.", param="response_format")
         if request.reasoning and "reasoning" not in caps:
             raise UnsupportedCapability(
                 f"'{entry.id}' does not support reasoning.", param="extensions.lmsp_tray.reasoning"
@@ -288,8 +293,9 @@ class Service:
         except ConfigError as exc:
             raise InvalidRequest(str(exc), param="extensions.lmsp_tray.keep_alive") from None
 
-    def _prompt_tokens(self, model: LlamaModel, request: ResponseRequest,
-                       spec: OutputSpec) -> tuple[ChatPlan, list[int]]:
+    def _prompt_tokens(
+        self, model: LlamaModel, request: ResponseRequest, spec: OutputSpec
+    ) -> tuple[ChatPlan, list[int]]:
         if not request.items:
             raise InvalidRequest("'input' must contain at least one item.", param="input")
         plan = build_plan(model, request, spec)  # prompt for the model's family, grammar, parser
@@ -312,8 +318,9 @@ class Service:
             )
         return plan, tokens
 
-    def _job(self, model: LlamaModel, request: ResponseRequest, prompt: list[int],
-             plan: ChatPlan) -> tuple[GenerationJob, asyncio.Queue]:
+    def _job(
+        self, model: LlamaModel, request: ResponseRequest, prompt: list[int], plan: ChatPlan
+    ) -> tuple[GenerationJob, asyncio.Queue]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         put = queue.put_nowait
@@ -332,8 +339,15 @@ class Service:
             grammar_root=plan.grammar_root,
         )
         max_tokens = request.max_output_tokens or (model.context_length - len(prompt))
-        job = GenerationJob(prompt=prompt, sampling=sampling, max_tokens=max_tokens, sink=sink, stop=request.stop,
-                            grammar_trigger=plan.trigger(), visible_tokens=plan.visible_tokens)
+        job = GenerationJob(
+            prompt=prompt,
+            sampling=sampling,
+            max_tokens=max_tokens,
+            sink=sink,
+            stop=request.stop,
+            grammar_trigger=plan.trigger(),
+            visible_tokens=plan.visible_tokens,
+        )
         return job, queue
 
     # -- shutdown -------------------------------------------------------------------------------

@@ -22,8 +22,8 @@ import urllib.request
 from datetime import datetime
 from typing import Any
 
+from lmsp_tray.auth.tokens import SCOPES
 from lmsp_tray.config import Config, Paths
-from lmsp_tray.tokens import SCOPES
 
 TOKEN_ENV = "LMSP_TRAY_TOKEN"
 
@@ -34,14 +34,22 @@ class CommandError(Exception):
 
 def add_parser(commands: Any) -> None:
     tokens = commands.add_parser(
-        "tokens", help="manage API tokens and app pairing requests",
+        "tokens",
+        help="manage API tokens and app pairing requests",
         description="Manage bearer tokens. While the service runs these commands use its API with the owner "
-        f"token from the OS keyring (or ${TOKEN_ENV}); otherwise they act on the data folder directly.")
+        f"token from the OS keyring (or ${TOKEN_ENV}); otherwise they act on the data folder directly.",
+    )
     actions = tokens.add_subparsers(dest="tokens_command", metavar="ACTION", required=True)
     create = actions.add_parser("create", help="create a token and print its secret (only) on stdout")
     create.add_argument("--name", required=True, help="a name to recognize the token by")
-    create.add_argument("--scope", action="append", required=True, choices=SCOPES, metavar="SCOPE",
-                        help=f"a scope to grant (repeatable): {', '.join(SCOPES)}")
+    create.add_argument(
+        "--scope",
+        action="append",
+        required=True,
+        choices=SCOPES,
+        metavar="SCOPE",
+        help=f"a scope to grant (repeatable): {', '.join(SCOPES)}",
+    )
     listing = actions.add_parser("list", help="list tokens (never their secrets)")
     listing.add_argument("--json", action="store_true", help="print JSON token objects")
     revoke = actions.add_parser("revoke", help="revoke a token: refused from the next request on")
@@ -63,7 +71,7 @@ def run(paths: Paths, config: Config, args: argparse.Namespace) -> int:
 
 
 def _dispatch(paths: Paths, args: argparse.Namespace) -> int:
-    from lmsp_tray.daemon import find_running
+    from lmsp_tray.instance import find_running
 
     running = find_running(paths)
     action = args.tokens_command
@@ -81,8 +89,7 @@ def _dispatch(paths: Paths, args: argparse.Namespace) -> int:
         if action in ("approve", "deny"):
             doc = api.call("POST", f"/auth/pairings/{_quote(args.code)}/{action}")
             verb = "approved" if action == "approve" else "denied"
-            print(f"{verb} {doc['app_name']!r} ({', '.join(doc['scopes'])}), code {doc['user_code']}",
-                  file=sys.stderr)
+            print(f"{verb} {doc['app_name']!r} ({', '.join(doc['scopes'])}), code {doc['user_code']}", file=sys.stderr)
             return 0
         if action == "pairings":
             return _print_pairings(api.call("GET", "/auth/pairings")["data"])
@@ -91,10 +98,10 @@ def _dispatch(paths: Paths, args: argparse.Namespace) -> int:
 
 # -- with no service: the data folder ------------------------------------------------------------
 def _direct(paths: Paths, args: argparse.Namespace) -> int:
+    from lmsp_tray.auth.tokens import StoreTokenRepository, TokenManager, token_object
+    from lmsp_tray.auth.vault import SecretVault
     from lmsp_tray.errors import LMSPError
     from lmsp_tray.store import Database, StoreError
-    from lmsp_tray.tokens import StoreTokenRepository, TokenManager, token_object
-    from lmsp_tray.vault import SecretVault
 
     action = args.tokens_command
     if action in ("approve", "deny", "pairings"):
@@ -109,8 +116,9 @@ def _direct(paths: Paths, args: argparse.Namespace) -> int:
             issued = manager.create(args.name, args.scope)
             return _created(issued.record.id, issued.secret, issued.keyring_problem)
         if action == "list":
-            return _print_tokens([token_object(r, owner=manager.is_owner(r)) for r in manager.tokens()],
-                                 as_json=args.json)
+            return _print_tokens(
+                [token_object(r, owner=manager.is_owner(r)) for r in manager.tokens()], as_json=args.json
+            )
         if action == "revoke":
             record = manager.revoke(args.id)
             print(f"revoked {record.id} ({record.name})", file=sys.stderr)
@@ -125,7 +133,7 @@ def _direct(paths: Paths, args: argparse.Namespace) -> int:
 # -- with a running service: its API ------------------------------------------------------------
 def _credentials(paths: Paths) -> str:
     """LMSP_TRAY_TOKEN, else the owner token from the keyring (its id is in the discovery file)."""
-    from lmsp_tray.vault import KeyringUnavailable, SecretVault
+    from lmsp_tray.auth.vault import KeyringUnavailable, SecretVault
 
     token = os.environ.get(TOKEN_ENV, "").strip()
     if token:
@@ -138,14 +146,17 @@ def _credentials(paths: Paths) -> str:
         raise CommandError(
             "the running service has no owner token in the OS keyring (the keyring was unavailable when it "
             f"started). Set {TOKEN_ENV} to a token with the tokens:manage scope, or stop the service and run "
-            "this command again to act on the data folder directly.")
+            "this command again to act on the data folder directly."
+        )
     try:
         secret = SecretVault().load(owner_id)
     except KeyringUnavailable as exc:
         raise CommandError(f"cannot read the owner token: {exc}") from None
     if not secret:
-        raise CommandError(f"the owner token is missing from the OS keyring. Restart lmsp-tray to create a new "
-                           f"one, or set {TOKEN_ENV} to a token with the tokens:manage scope.")
+        raise CommandError(
+            f"the owner token is missing from the OS keyring. Restart lmsp-tray to create a new "
+            f"one, or set {TOKEN_ENV} to a token with the tokens:manage scope."
+        )
     return secret
 
 
@@ -178,8 +189,10 @@ def _problem_line(exc: urllib.error.HTTPError) -> str:
     except (OSError, ValueError, AttributeError):
         detail, code = None, None
     if code == "unauthorized":
-        return (f"the service refused the token ({detail}) — if {TOKEN_ENV} is set, check it; otherwise restart "
-                "lmsp-tray so it re-reads the owner token from the keyring.")
+        return (
+            f"the service refused the token ({detail}) — if {TOKEN_ENV} is set, check it; otherwise restart "
+            "lmsp-tray so it re-reads the owner token from the keyring."
+        )
     return f"{detail or exc.reason} ({code or exc.code})"
 
 
@@ -214,8 +227,10 @@ def _print_tokens(tokens: list[dict[str, Any]], *, as_json: bool) -> int:
     print(f"{'ID':<31} {'NAME':<24} {'CREATED':<16} {'LAST USED':<16} {'STATUS':<8} SCOPES")
     for t in tokens:
         status = "revoked" if t["revoked_at"] else ("owner" if t.get("owner") else "active")
-        print(f"{t['id']:<31} {t['name'][:24]:<24} {_when(t['created_at']):<16} {_when(t['last_used_at']):<16} "
-              f"{status:<8} {' '.join(t['scopes'])}")
+        print(
+            f"{t['id']:<31} {t['name'][:24]:<24} {_when(t['created_at']):<16} {_when(t['last_used_at']):<16} "
+            f"{status:<8} {' '.join(t['scopes'])}"
+        )
     return 0
 
 

@@ -27,18 +27,18 @@ from __future__ import annotations
 
 import logging
 import string
+from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
 from lmsp_tray.errors import EventHistoryExpired, InvalidRequest
 from lmsp_tray.protocol.events import Event
-from lmsp_tray.store import Database
-from lmsp_tray.store import events as event_log
-from lmsp_tray.store import idempotency
-from lmsp_tray.store.idempotency import IDEMPOTENCY_TTL_S
+from lmsp_tray.store import Database, event_log
+from lmsp_tray.store import idempotency_keys as idempotency
+from lmsp_tray.store.idempotency_keys import IDEMPOTENCY_TTL_S
 
-log = logging.getLogger("lmsp_tray.replay")
+log = logging.getLogger("lmsp_tray.serving.replay")
 
 MAX_KEY_LENGTH = 255
 _KEY_CHARS = frozenset(string.printable) - frozenset("\t\n\r\x0b\x0c")

@@ -1,0 +1,3 @@
+"""LMSP's wire vocabulary, free of any transport: request bodies (pydantic, at the edge) and the
+events and response objects a generation produces (`events.ResponseAssembler`).
+"""
