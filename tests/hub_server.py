@@ -84,6 +84,7 @@ class FakeHub:
         self.pause_at: dict[str, Pause] = {}
         self.ignore_range: set[str] = set()
         self.lock = threading.Lock()
+        self.sending = 0  # CDN bodies being sent now
         self._hub = _Server(("127.0.0.1", 0), _HubHandler, self)
         self._cdn = _Server(("127.0.0.1", 0), _CdnHandler, self)
         for server in (self._hub, self._cdn):
@@ -107,6 +108,18 @@ class FakeHub:
     def pause(self, key: str, offset: int) -> Pause:
         pause = self.pause_at[key] = Pause(offset)
         return pause
+
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """Until the CDN sends no body (e.g. a cancelled client's connection has been noticed as gone)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if self.sending == 0:
+                    return True
+            time.sleep(0.02)
+        return False
 
     def close(self) -> None:
         for pause in self.pause_at.values():
@@ -304,13 +317,15 @@ class _CdnHandler(_Base):
         cut = None
         with hub.lock:
             cuts = hub.cut_at.get(key)
-            if cuts:
+            if cuts and not bounded:  # downloads, not header reads
                 upcoming = [c for c in cuts if start < c <= end]
                 if upcoming:
                     cut = min(upcoming)
                     cuts.remove(cut)
-        pause = hub.pause_at.get(key)
+        pause = None if bounded else hub.pause_at.get(key)  # downloads pause, header reads do not
         pos = start
+        with hub.lock:
+            hub.sending += 1
         try:
             while pos <= end:
                 if pause is not None and pos >= pause.offset and not pause.release.is_set():
@@ -342,6 +357,9 @@ class _CdnHandler(_Base):
                     self.connection.shutdown(socket.SHUT_RDWR)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+        finally:
+            with hub.lock:
+                hub.sending -= 1
 
 
 def _peer_closed(sock: socket.socket) -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,7 +63,7 @@ class RepoCache:
                 return
         except OSError:
             pass
-        tmp = ref.with_name(f".{ref.name}.{os.getpid()}.tmp")
+        tmp = ref.with_name(f".{ref.name}.{uuid.uuid4().hex[:12]}.tmp")
         tmp.write_text(commit, encoding="utf-8")
         os.replace(tmp, ref)
 
@@ -70,8 +71,7 @@ class RepoCache:
         """Put ``snapshots/<commit>/<path>`` in place, pointing at the blob; returns the pointer."""
         blob, pointer = self.blob(etag), self.pointer(commit, path)
         pointer.parent.mkdir(parents=True, exist_ok=True)
-        tmp = pointer.with_name(f".{pointer.name}.{os.getpid()}.tmp")  # hidden: discovery skips it
-        tmp.unlink(missing_ok=True)
+        tmp = pointer.with_name(f".{pointer.name}.{uuid.uuid4().hex[:12]}.tmp")  # hidden: discovery skips it
         try:
             os.symlink(os.path.relpath(blob, pointer.parent), tmp)
         except (OSError, NotImplementedError):  # no symlinks (Windows without developer mode)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
@@ -237,6 +238,17 @@ class HubClient:
             )
         log.warning("unexpected failure talking to %s: %s", self.endpoint, type(exc).__name__)
         return HubUnavailable(f"Talking to Hugging Face at {self.endpoint} failed ({type(exc).__name__}).")
+
+
+def interrupt(response: httpx2.Response) -> None:
+    """Break a streamed response's connection from another thread (a blocked read returns at once)."""
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+    else:
+        response.close()
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:

@@ -24,14 +24,13 @@ MAX_BYTES = 64 << 20
 
 
 class RangeReader(io.RawIOBase):
-    """``read``/``seek`` over the bytes of a remote file, fetched on demand."""
+    """``read``/``seek`` over the bytes of a remote file, fetched on demand in `BLOCK`-aligned blocks, kept."""
 
     def __init__(self, client: HubClient, location: Location, size: int) -> None:
         super().__init__()
         self._client, self._location, self._size = client, location, size
         self._pos = 0
-        self._base = 0
-        self._data = b""
+        self._blocks: dict[int, bytes] = {}
         self.fetched = 0
 
     def readable(self) -> bool:
@@ -48,25 +47,35 @@ class RangeReader(io.RawIOBase):
     def tell(self) -> int:
         return self._pos
 
-    def read(self, n: int = -1) -> bytes:
-        if n is None or n < 0:
-            n = self._size - self._pos
-        n = max(0, min(n, self._size - self._pos))
-        if n == 0:
-            return b""
-        start = self._pos - self._base
-        if not (0 <= start and start + n <= len(self._data)):
-            want = max(n, BLOCK)
-            end = min(self._size, self._pos + want) - 1
-            if self.fetched + (end - self._pos + 1) > MAX_BYTES:
-                raise OSError(f"the header is over {MAX_BYTES >> 20} MiB; not reading further")
-            self._data = self._client.read_range(self._location, self._pos, end)
-            self.fetched += len(self._data)
-            self._base = self._pos
-            start = 0
-        out = self._data[start : start + n]
-        self._pos += len(out)
-        return out
+    def _fetch(self, first: int, last: int) -> None:
+        """Blocks first..last (all missing) in one request."""
+        start, end = first * BLOCK, min(self._size, (last + 1) * BLOCK) - 1
+        if self.fetched + (end - start + 1) > MAX_BYTES:
+            raise OSError(f"the header is over {MAX_BYTES >> 20} MiB; not reading further")
+        data = self._client.read_range(self._location, start, end)
+        if len(data) != end - start + 1:
+            raise OSError("the server sent a short range")
+        self.fetched += len(data)
+        for index in range(first, last + 1):
+            self._blocks[index] = data[(index - first) * BLOCK : (index - first + 1) * BLOCK]
+
+    def read(self, n: int | None = -1) -> bytes:
+        end = self._size if n is None or n < 0 else min(self._size, self._pos + n)
+        out = bytearray()
+        while self._pos < end:
+            index = self._pos // BLOCK
+            if index not in self._blocks:
+                last = index
+                while last < (end - 1) // BLOCK and last + 1 not in self._blocks:
+                    last += 1
+                self._fetch(index, last)
+            block = self._blocks[index]
+            piece = block[self._pos - index * BLOCK : end - index * BLOCK]
+            if not piece:
+                break
+            out += piece
+            self._pos += len(piece)
+        return bytes(out)
 
 
 def remote_info(client: HubClient, location: Location, size: int) -> GGUFInfo | None:

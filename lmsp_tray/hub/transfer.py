@@ -23,12 +23,13 @@ once every one is verified, so a split model is never seen half there.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ import httpx2
 from lmsp_tray.errors import LMSPError
 from lmsp_tray.hub.cache import RepoCache
 from lmsp_tray.hub.errors import DownloadCancelled, HubUnavailable, VerificationFailed
-from lmsp_tray.hub.remote import HubClient, Location, RangeNotSatisfiable, RetryLater
+from lmsp_tray.hub.remote import HubClient, Location, RangeNotSatisfiable, RetryLater, interrupt
 from lmsp_tray.hub.space import disk_full
 
 log = logging.getLogger("lmsp_tray.hub")
@@ -86,12 +87,36 @@ class CancelToken:
 
     def __init__(self) -> None:
         self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
         self.reason = "cancelled"
 
     def cancel(self, reason: str = "cancelled") -> None:
-        if not self._event.is_set():
+        with self._lock:
+            if self._event.is_set():
+                return
             self.reason = reason
             self._event.set()
+            callbacks = list(self._callbacks)
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                log.debug("cancel callback failed", exc_info=True)
+
+    def on_cancel(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback` when cancelled (at once if already); returns a function that unregisters it."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(callback)
+                return lambda: self._forget(callback)
+        callback()
+        return lambda: None
+
+    def _forget(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
 
     @property
     def cancelled(self) -> bool:
@@ -227,7 +252,7 @@ def _download(client: HubClient, cache: RepoCache, spec: FileSpec, report: Repor
                         f"The Hub describes {spec.path} differently from its listing (ETag {location.etag}); "
                         "try again in a moment."
                     )
-            with client.open(location, have) as (ranged, response):
+            with client.open(location, have) as (ranged, response), _interruptible(response, cancel):
                 if not ranged:  # the server sent the whole file: start over
                     have, hasher = 0, _Hasher(spec)
                 with open(partial, "r+b" if partial.exists() else "wb") as out:
@@ -251,6 +276,8 @@ def _download(client: HubClient, cache: RepoCache, spec: FileSpec, report: Repor
                 partial.unlink(missing_ok=True)
                 have, hasher = 0, _Hasher(spec)
         except (httpx2.TransportError, RetryLater) as exc:
+            if cancel.cancelled:  # the cancel itself broke the connection
+                raise DownloadCancelled(cancel.reason) from None
             failures = 0 if progressed else failures + 1
             if failures >= MAX_ATTEMPTS:
                 raise HubUnavailable(
@@ -281,6 +308,16 @@ def _download(client: HubClient, cache: RepoCache, spec: FileSpec, report: Repor
     with open(partial, "rb+") as out:
         os.fsync(out.fileno())
     os.replace(partial, blob)
+
+
+@contextlib.contextmanager
+def _interruptible(response: httpx2.Response, cancel: CancelToken) -> Iterator[None]:
+    """A cancel breaks the connection at once, instead of waiting for the next bytes (or a timeout)."""
+    forget = cancel.on_cancel(lambda: interrupt(response))
+    try:
+        yield
+    finally:
+        forget()
 
 
 def _short(exc: BaseException) -> str:
