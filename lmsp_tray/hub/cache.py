@@ -24,9 +24,12 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from huggingface_hub.file_download import repo_folder_name
-
 COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def repo_folder_name(*, repo_id: str, repo_type: str = "model") -> str:
+    """``models--org--name``: huggingface_hub's folder name for a repository (its `repo_folder_name`)."""
+    return "--".join([f"{repo_type}s", *repo_id.split("/")])
 
 
 @dataclass(frozen=True)

@@ -23,26 +23,21 @@ import os
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
-
-import httpx2
-from huggingface_hub import HfApi, get_hf_file_metadata, get_token
-from huggingface_hub import constants as hf_constants
-from huggingface_hub.errors import (
-    GatedRepoError,
-    HfHubHTTPError,
-    OfflineModeIsEnabled,
-    RemoteEntryNotFoundError,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
-)
-from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
 from lmsp_tray.errors import LMSPError
 from lmsp_tray.hub.errors import GatedRepository, HubFileNotFound, HubUnavailable, RepositoryNotFound
 from lmsp_tray.hub.variants import RemoteFile
 
+if TYPE_CHECKING:
+    import httpx2
+
 log = logging.getLogger("lmsp_tray.hub")
+DEFAULT_ENDPOINT = "https://huggingface.co"
+
+# huggingface_hub (and its HTTP client) load on the first call that talks to the Hub, not with the
+# service: an idle service never pays for them (about 0.3 s and 10 MB).
 
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 30.0  # a stalled body raises after this long, and the transfer resumes
@@ -88,12 +83,14 @@ class HubClient:
     """The Hub at `endpoint` (default: ``HF_ENDPOINT``, else huggingface.co)."""
 
     def __init__(self, endpoint: str | None = None, *, token: str | bool | None = None) -> None:
-        self.endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or hf_constants.ENDPOINT).rstrip("/")
+        self.endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
         self._token = token  # None: the user's own, where huggingface_hub keeps it
 
     # -- metadata -------------------------------------------------------------------------------
     def listing(self, repo_id: str, revision: str = "main") -> RepoListing:
         """The repository's files at `revision`, with sizes and LFS hashes."""
+        from huggingface_hub import HfApi
+
         try:
             info = HfApi(endpoint=self.endpoint, token=self._token).model_info(
                 repo_id, revision=revision, files_metadata=True, timeout=READ_TIMEOUT_S
@@ -114,6 +111,8 @@ class HubClient:
 
     def locate(self, repo_id: str, commit: str, path: str) -> Location:
         """The file's download location and metadata (a gated repository without access fails here)."""
+        from huggingface_hub import get_hf_file_metadata
+
         url = f"{self.endpoint}/{repo_id}/resolve/{quote(commit, safe='')}/{quote(path)}"
         try:
             meta = get_hf_file_metadata(url, token=self._token, endpoint=self.endpoint, timeout=READ_TIMEOUT_S)
@@ -133,6 +132,8 @@ class HubClient:
 
     # -- bytes ----------------------------------------------------------------------------------
     def _headers(self, location: Location, start: int, end: int | None = None) -> dict[str, str]:
+        from huggingface_hub.utils import build_hf_headers
+
         headers = build_hf_headers(token=self._token) if location.on_hub else build_hf_headers(token=False)
         headers["Accept-Encoding"] = "identity"
         if start > 0 or end is not None:
@@ -142,6 +143,9 @@ class HubClient:
     @contextlib.contextmanager
     def open(self, location: Location, start: int = 0) -> Iterator[tuple[bool, httpx2.Response]]:
         """A streamed GET from byte `start`: yields (whether the server honoured the range, response)."""
+        import httpx2
+        from huggingface_hub.utils import get_session
+
         timeout = httpx2.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
         with get_session().stream(
             "GET", location.url, headers=self._headers(location, start), timeout=timeout, follow_redirects=True
@@ -158,6 +162,9 @@ class HubClient:
 
     def read_range(self, location: Location, start: int, end: int) -> bytes:
         """Bytes [start, end] (inclusive) of the file, e.g. to read a GGUF header before downloading."""
+        import httpx2
+        from huggingface_hub.utils import get_session
+
         timeout = httpx2.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
         response = get_session().get(
             location.url, headers=self._headers(location, start, end), timeout=timeout, follow_redirects=True
@@ -170,6 +177,8 @@ class HubClient:
         return data
 
     def _refused(self, response: httpx2.Response, location: Location) -> None:
+        from huggingface_hub.utils import hf_raise_for_status
+
         status = response.status_code
         if status in (408, 429) or status >= 500 or (not location.on_hub and status in (401, 403, 404, 410)):
             raise RetryLater(status)
@@ -188,6 +197,8 @@ class HubClient:
             return False
         if isinstance(self._token, str):
             return True
+        from huggingface_hub import get_token
+
         try:
             return get_token() is not None
         except Exception:  # noqa: BLE001 - a broken token file: not logged in, as far as we can tell
@@ -197,6 +208,16 @@ class HubClient:
         self, exc: BaseException, repo_id: str, *, path: str | None = None, revision: str | None = None
     ) -> LMSPError:
         """A failure of a Hub call as an error a person can act on (never with the token in it)."""
+        import httpx2
+        from huggingface_hub.errors import (
+            GatedRepoError,
+            HfHubHTTPError,
+            OfflineModeIsEnabled,
+            RemoteEntryNotFoundError,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
+
         if isinstance(exc, LMSPError):
             return exc
         page = self.licence_url(repo_id)

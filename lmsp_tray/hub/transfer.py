@@ -32,16 +32,18 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import filelock
-import httpx2
 
 from lmsp_tray.errors import LMSPError
 from lmsp_tray.hub.cache import RepoCache
 from lmsp_tray.hub.errors import DownloadCancelled, HubUnavailable, VerificationFailed
 from lmsp_tray.hub.remote import HubClient, Location, RangeNotSatisfiable, RetryLater, interrupt
 from lmsp_tray.hub.space import disk_full
+
+if TYPE_CHECKING:
+    import httpx2
 
 log = logging.getLogger("lmsp_tray.hub")
 
@@ -225,6 +227,8 @@ def _verify_existing(blob: Path, spec: FileSpec, report: Report, cancel: CancelT
 
 
 def _download(client: HubClient, cache: RepoCache, spec: FileSpec, report: Report, cancel: CancelToken) -> None:
+    import httpx2  # loaded with huggingface_hub, on the first download (`remote`)
+
     partial, blob = cache.partial(spec.etag), cache.blob(spec.etag)
     have = _size(partial) or 0
     if have > spec.size:
