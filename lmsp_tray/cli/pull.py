@@ -13,6 +13,7 @@ Errors are one line on stderr; nothing here prints a token.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -78,6 +79,8 @@ def progress_line(p: Any, width: int = 20) -> str:
         what = "waiting for another download of this file"
     elif p.phase == "verifying":
         what = "verifying"
+    elif p.phase == "done":
+        what = "done"
     else:
         speed = f"{size(int(p.bytes_per_second))}/s" if p.bytes_per_second else "--/s"
         what = f"{speed}  {duration(p.eta_seconds)} left"
@@ -115,7 +118,7 @@ class Printer:
     def finish(self) -> None:
         """The last progress, shown whatever the time since the previous line, then a new line."""
         if self._latest is not None:
-            self.progress(self._latest, force=True)
+            self.progress(dataclasses.replace(self._latest, phase="done"), force=True)
         self.end_line()
 
     def end_line(self) -> None:
