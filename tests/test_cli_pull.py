@@ -62,7 +62,7 @@ def test_pull_prints_the_plan_progress_and_the_model_id(env: dict[str, str], hub
     models = lmsp("models", env=env)
     assert "tiny-hub:1m-q4_k_m" in models.stdout and "huggingface" in models.stdout
     again = lmsp("pull", f"{TINY}:Q4_K_M", env=env)
-    assert again.returncode == 0 and "already downloaded and verified" in again.stderr
+    assert again.returncode == 0 and "already in the Hugging Face cache; nothing to download" in again.stderr
 
 
 def test_pull_list_shows_variants_sizes_and_the_default(env: dict[str, str]) -> None:

@@ -257,7 +257,7 @@ def _report(paths: Paths, config: Config, result: Any) -> None:
 
     plan = result.plan
     if result.already_present:
-        print(f"{plan.ref} is already downloaded and verified.", file=sys.stderr)
+        print(f"{plan.ref} is already in the Hugging Face cache; nothing to download.", file=sys.stderr)
     else:
         rate = f", {size(int(result.fetched_bytes / result.seconds))}/s" if result.seconds > 0 else ""
         print(f"Downloaded and verified {size(result.fetched_bytes)} in {result.seconds:.1f} s{rate}.", file=sys.stderr)
