@@ -323,6 +323,8 @@ def test_two_pulls_of_one_file_share_one_download(hf_env: Path, hub: FakeHub) ->
     assert results[0].model_path == results[1].model_path
     assert hub.downloaded[key(path)] == len(hub.repos[TINY].files[path])
     assert seen[1][-1].bytes_done == seen[1][-1].bytes_total
+    # The second followed the transfer itself (its bytes and speed), not merely waited on the cache lock.
+    assert {e.phase for e in seen[1]} == {"downloading", "verifying"}
 
 
 def test_one_of_two_pulls_cancelling_does_not_stop_the_other(hf_env: Path, hub: FakeHub) -> None:
