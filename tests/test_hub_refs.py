@@ -113,6 +113,12 @@ def test_split_parts_make_one_variant_in_order_and_an_incomplete_set_is_refused(
         choose(list(found.values()), "o/r", quant="F16")
 
 
+def test_a_tag_found_only_in_a_file_name_says_so() -> None:
+    choice = choose(variants(_files("m-Q4_K_M.gguf", "m-Q8_0.gguf", "m-UD-Q4_K_XL.gguf")), "o/r", quant="UD-Q4_K_XL")
+    assert choice.variant.first.path == "m-UD-Q4_K_XL.gguf" and "file name contains" in choice.reason
+    assert choose(variants(_files("m-Q4_K_M.gguf")), "o/r", quant="q4_k_m").reason == "Q4_K_M, as asked"
+
+
 def test_a_missing_quant_lists_what_there_is() -> None:
     with pytest.raises(HubFileNotFound, match=r"no IQ2_XXS variant\. Available: Q4_K_M, Q8_0"):
         choose(variants(_files("m-Q4_K_M.gguf", "m-Q8_0.gguf")), "o/r", quant="IQ2_XXS")

@@ -148,7 +148,9 @@ def choose(found: Sequence[Variant], repo_id: str, *, quant: str | None = None, 
             )
         best = min(matching, key=lambda v: (bool(v.missing_parts), len(v.first.path), v.first.path))
         _complete(best, repo_id)
-        return Choice(best, f"{best.label}, as asked")
+        if (best.quant or "").upper() == quant.upper():
+            return Choice(best, f"{best.label}, as asked")
+        return Choice(best, f"{best.label}: no variant is tagged {quant}; this one's file name contains it")
     if not usable:
         _complete(found[0], repo_id)
     if len(usable) == 1:
