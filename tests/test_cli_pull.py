@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from hub_server import FakeHub
-from hub_support import GATED, TINY, fake_hub, hub  # noqa: F401
+from hub_support import GATED, GRANTED, TINY, fake_hub, hub  # noqa: F401
 
 from lmsp_tray.hub.pull import Puller
 from lmsp_tray.hub.remote import HubClient
@@ -145,3 +145,18 @@ def test_a_gated_model_without_login_explains_itself(env: dict[str, str], hub: F
     assert "Traceback" not in out.stderr
     bad = lmsp("pull", "not a model", env=env)
     assert bad.returncode == 1 and "not a Hugging Face model name" in bad.stderr
+
+
+def test_the_login_hf_auth_keeps_opens_a_gated_model(env: dict[str, str], hub: FakeHub, tmp_path: Path) -> None:
+    """The token file `hf auth login` writes ($HF_HOME/token) is what a pull uses; it goes nowhere else."""
+    token_file = Path(env["HF_HOME"]) / "token"
+    token_file.parent.mkdir(parents=True, exist_ok=True)
+    token_file.write_text(GRANTED)
+    out = lmsp("pull", GATED, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "tiny-hub:1m-q4_k_m"
+    assert f"Bearer {GRANTED}" in hub.hub_auth and hub.cdn_auth == []
+    assert GRANTED not in out.stdout + out.stderr
+    logs = Path(env["LMSP_TRAY_HOME"]) / "cache" / "logs"
+    for log in logs.glob("*.log*") if logs.exists() else ():
+        assert GRANTED not in log.read_text()
