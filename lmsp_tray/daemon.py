@@ -15,6 +15,12 @@ before the socket serves anything; queued tasks start with the server; the
 housekeeper purges expired events, keys and (if configured) old responses
 in the background; on exit running tasks end with a terminal event
 (`tasks` module docstring), then the database is closed.
+
+Downloads (`serving.downloads` over `hub.pull`): pulls go to the Hugging Face
+cache discovery scans, sized by the same load planner and memory budget the
+models load with; a pulled model is rescanned into the catalog before its task
+ends. Downloads a stop or crash interrupted go back to the queue at start-up and
+resume with the server.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import signal
 import socket
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -37,14 +44,20 @@ from lmsp_tray.auth.tokens import StoreTokenRepository, TokenManager, TokenRepos
 from lmsp_tray.auth.vault import SecretVault
 from lmsp_tray.config import Config, Paths
 from lmsp_tray.discovery.catalog import Catalog
+from lmsp_tray.discovery.sources import huggingface_hub_dir
 from lmsp_tray.discovery.watch import FolderWatcher
 from lmsp_tray.engine.load_plan import MAX_DEFAULT_PARALLEL, LoadOptions
 from lmsp_tray.engine.manager import MemoryBudget, ModelManager
-from lmsp_tray.engine.runtime import Runtime
+from lmsp_tray.engine.model import gpu_free
+from lmsp_tray.engine.runtime import Runtime, physical_cores
 from lmsp_tray.http.app import create_app
 from lmsp_tray.http.security import MAX_HEADER_BYTES
+from lmsp_tray.hub.fit import Machine
+from lmsp_tray.hub.pull import Puller
 from lmsp_tray.instance import remove_discovery_file, write_discovery_file
+from lmsp_tray.protocol.downloads import KIND as DOWNLOAD_KIND
 from lmsp_tray.serving.conversations import Conversations
+from lmsp_tray.serving.downloads import DownloadTasks
 from lmsp_tray.serving.recovery import recover
 from lmsp_tray.serving.replay import Idempotency
 from lmsp_tray.serving.responder import Responder
@@ -185,8 +198,16 @@ class Daemon:
             self.idempotency,
             max_running=config.parallel or MAX_DEFAULT_PARALLEL,
         )
+        self.downloads = DownloadTasks(self._puller(catalog), self.db, model_for=self._downloaded_model)
+        self._queued_downloads = self.downloads.recover()  # a download the last run left resumes
+        self.tasks.register_kind(DOWNLOAD_KIND, self.downloads)
         self.app = create_app(
-            self.service, self.auth, responder=self.responder, conversations=self.conversations, tasks=self.tasks
+            self.service,
+            self.auth,
+            responder=self.responder,
+            conversations=self.conversations,
+            tasks=self.tasks,
+            downloads=self.downloads,
         )
         self.watcher = FolderWatcher(catalog)
         self.watcher.subscribe(self._models_changed)
@@ -197,6 +218,34 @@ class Daemon:
         self._started = threading.Event()
         self._startup_error: BaseException | None = None
         self._closed = False
+
+    # -- downloads --------------------------------------------------------------------------------
+    def _puller(self, catalog: Any) -> Puller:
+        """Pulls into the Hugging Face cache discovery scans, sized by the planner the models load with."""
+        guard = getattr(catalog, "holding_scans", None)
+        return Puller(
+            huggingface_hub_dir(os.environ, Path.home()),
+            options=load_options(self.config, self.runtime),
+            machine=self._machine,
+            **({"publish_guard": guard} if guard is not None else {}),
+        )
+
+    def _machine(self) -> Machine:
+        budget = memory_budget(self.config, self.runtime)
+        gpu = self.config.gpu != "off" and self.runtime.has_gpu
+        return Machine(
+            ram_budget=budget.ram_bytes,
+            vram_budget=budget.vram_bytes,
+            gpu_free=gpu_free(self.runtime) if gpu else None,
+            cores=physical_cores(),
+            ram_total=_total_ram(),
+        )
+
+    def _downloaded_model(self, path: Path) -> dict[str, Any] | None:
+        """The model object of a file a download just linked in (after a rescan: it is in GET /models now)."""
+        self.watcher.rescan()
+        entry = next((e for e in self.catalog.entries() if Path(e.path) == path), None)
+        return None if entry is None else self.service.model_object(entry)
 
     def _models_changed(self, _entries: Any, _added: set[str], removed: set[str]) -> None:
         """A model file went away: unload it once its running requests have finished."""
@@ -255,6 +304,7 @@ class Daemon:
         server = _Server(self._uvicorn_config(sock))
         self._server = server
         self.tasks.resume(self._queued)  # tasks left queued by the last run start with the server
+        self.downloads.resume(self._queued_downloads)
         serve_task = asyncio.ensure_future(server.serve(sockets=[sock]))
         while not server.started and not serve_task.done():
             await asyncio.sleep(0.01)
@@ -267,6 +317,7 @@ class Daemon:
             await serve_task
         finally:
             await self.tasks.stop()  # running tasks write their terminal events before the loop ends
+            await self.downloads.stop()  # running downloads pause (queued again, resumed at the next start)
 
     def serve_forever(self, sock: socket.socket) -> None:
         """Serve in the foreground until SIGTERM/SIGINT (headless mode)."""
@@ -309,6 +360,7 @@ class Daemon:
 
         def begin() -> None:
             self.tasks.begin_shutdown()  # running tasks end failed/service_unavailable, queued stay queued
+            self.downloads.begin_shutdown()
             self.service.cancel_all()
             loop.call_later(0.2, setattr, server, "should_exit", True)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -11,6 +12,26 @@ import pytest
 from gguf_factory import write_tiny_gguf
 from secret_audit import secret_audit  # noqa: F401 — autouse: no issued secret in any file the run wrote
 from support import LiveDaemon, start_daemon
+
+
+@pytest.fixture(autouse=True, scope="session")
+def no_hugging_face(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No test reaches huggingface.co or reads the real user's token and cache: HF_ENDPOINT is a local port
+    that refuses connections (tests that need a Hub serve one: hub_support.py) and HF_HOME is empty."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused at once
+    saved = {k: os.environ.get(k) for k in ("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_TOKEN")}
+    os.environ["HF_ENDPOINT"] = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    os.environ["HF_HOME"] = str(tmp_path_factory.mktemp("hf-home"))
+    for name in ("HF_HUB_CACHE", "HF_TOKEN"):
+        os.environ.pop(name, None)
+    yield
+    closed.close()
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session")

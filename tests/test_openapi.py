@@ -101,6 +101,10 @@ def test_fuzz(case: schemathesis.Case, fuzz_target: LiveDaemon) -> None:
         # Schema-valid is not always acceptable here, and the document says so: a body may be well formed
         # yet not fit the context window or need a capability the model lacks (documented 400s).
         excluded.append(schemathesis.checks.positive_data_acceptance)
+    if case.operation.label == "POST /lmsp/v1/models/pull":
+        # A pull needs Hugging Face, which no test reaches (HF_ENDPOINT refuses connections): a well-formed
+        # name gets the documented 502 hub_unavailable; the fake-Hub tests cover the other answers.
+        excluded += [schemathesis.checks.positive_data_acceptance, schemathesis.checks.not_a_server_error]
     # A case generated to violate the headers (e.g. with the required Authorization taken away) must
     # go out as generated, so the service's 401 is what gets checked; all other cases carry our token.
     negative_headers = case.meta is not None and case.meta.is_negative_at(ParameterLocation.HEADER)

@@ -22,6 +22,7 @@ ENDPOINTS = [
     ("GET", f"/models/{TINY_ID}", None, "models:read"),
     ("POST", f"/models/{TINY_ID}/load", None, "models:manage"),
     ("POST", f"/models/{TINY_ID}/unload", None, "models:manage"),
+    ("POST", "/models/pull", {"model": "not a model name"}, "models:manage"),  # 400 once allowed: no download
     ("POST", "/responses", body(max_output_tokens=1), "responses:create"),
     ("GET", "/responses/resp_01J8M6Q4W2T7N5R3V9X1Z8B0DF", None, "responses:read"),
     ("DELETE", "/responses/resp_01J8M6Q4W2T7N5R3V9X1Z8B0DF", None, "responses:create"),

@@ -14,7 +14,7 @@ from lmsp_tray.store import Database, NotOurDatabase, SchemaTooNew, StoreClosed
 from lmsp_tray.store.migrations import MIGRATIONS, schema_version
 
 
-def m002_test_table(conn: sqlite3.Connection) -> None:
+def m_next_test_table(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT NOT NULL)")
     conn.execute("CREATE TABLE parent (id INTEGER PRIMARY KEY)")
     conn.execute(
@@ -22,7 +22,9 @@ def m002_test_table(conn: sqlite3.Connection) -> None:
     )
 
 
-WITH_TEST_TABLE = (*MIGRATIONS, m002_test_table)
+WITH_TEST_TABLE = (*MIGRATIONS, m_next_test_table)
+NAMES = [m.__name__ for m in MIGRATIONS]
+CURRENT = len(MIGRATIONS)
 
 
 @pytest.fixture
@@ -68,23 +70,23 @@ def test_fresh_database_is_migrated_and_configured(tmp_path: Path) -> None:
         assert pragmas == [2, 1, 2]  # FULL, ON, INCREMENTAL
         tables = db.read(lambda c: {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")})
         assert {"responses", "tasks", "event_logs", "events", "idempotency", "tokens", "_migrations"} <= tables
-        assert db.read(lambda c: [tuple(r) for r in c.execute("SELECT version, name FROM _migrations")]) == [
-            (1, "m001_initial")
-        ]
+        assert db.read(lambda c: [tuple(r) for r in c.execute("SELECT version, name FROM _migrations")]) == list(
+            enumerate(NAMES, 1)
+        )
 
 
 def test_reopen_is_idempotent_and_upgrades_with_new_migrations(tmp_path: Path) -> None:
     path = tmp_path / "store.sqlite3"
     Database(path).close()
     with Database(path) as db:  # same code: nothing to do
-        assert db.schema_version == 1
-        assert db.read(lambda c: c.execute("SELECT count(*) FROM _migrations").fetchone()[0]) == 1
+        assert db.schema_version == CURRENT
+        assert db.read(lambda c: c.execute("SELECT count(*) FROM _migrations").fetchone()[0]) == CURRENT
     with Database(path, migrations=WITH_TEST_TABLE) as db:  # a newer release: one step more
-        assert db.schema_version == 2
+        assert db.schema_version == CURRENT + 1
         db.write_sync(put, 1, "kept")
         assert [r[1] for r in db.read(lambda c: c.execute("SELECT version, name FROM _migrations").fetchall())] == [
-            "m001_initial",
-            "m002_test_table",
+            *NAMES,
+            "m_next_test_table",
         ]
     with Database(path, migrations=WITH_TEST_TABLE) as db:
         assert db.read(rows) == {1: "kept"}
@@ -96,10 +98,10 @@ def test_database_from_newer_version_is_refused_untouched(tmp_path: Path) -> Non
         db.write_sync(put, 7, "from the future")
     with pytest.raises(SchemaTooNew) as info:
         Database(path)
-    assert (info.value.found, info.value.known) == (2, 1)
+    assert (info.value.found, info.value.known) == (CURRENT + 1, CURRENT)
     assert info.value.code == "internal_error"
     conn = sqlite3.connect(path)
-    assert schema_version(conn) == 2
+    assert schema_version(conn) == CURRENT + 1
     assert conn.execute("SELECT v FROM t").fetchall() == [("from the future",)]
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     conn.close()
@@ -109,14 +111,14 @@ def test_failed_migration_leaves_the_previous_version(tmp_path: Path) -> None:
     path = tmp_path / "store.sqlite3"
     Database(path).close()
 
-    def m002_broken(conn: sqlite3.Connection) -> None:
+    def m_next_broken(conn: sqlite3.Connection) -> None:
         conn.execute("CREATE TABLE half (x)")
         raise RuntimeError("migration bug")
 
     with pytest.raises(RuntimeError):
-        Database(path, migrations=(*MIGRATIONS, m002_broken))
+        Database(path, migrations=(*MIGRATIONS, m_next_broken))
     conn = sqlite3.connect(path)
-    assert schema_version(conn) == 1
+    assert schema_version(conn) == CURRENT
     assert conn.execute("SELECT name FROM sqlite_master WHERE name = 'half'").fetchone() is None
     conn.close()
 

@@ -74,9 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     autostart = commands.add_parser("autostart", help="start lmsp-tray at login (off by default)")
     autostart.add_argument("action", choices=["enable", "disable", "status"])
 
+    from lmsp_tray.cli.pull import add_parser as add_pull_parser
     from lmsp_tray.cli.tokens import add_parser as add_tokens_parser
 
     add_tokens_parser(commands)
+    add_pull_parser(commands)
     return parser
 
 
@@ -248,5 +250,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from lmsp_tray.cli.tokens import run as cmd_tokens
 
         return cmd_tokens(paths, config, args)
+    if args.command == "pull":
+        from lmsp_tray.cli.pull import run as cmd_pull
+
+        return cmd_pull(paths, config, args)
     setup_logging(paths, args.verbose)
     return cmd_serve(paths, config, args, tray=args.command is None)

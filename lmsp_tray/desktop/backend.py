@@ -31,7 +31,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from lmsp_tray.desktop.menu import MODEL_ERROR, ModelView, PairingView, TrayState, clean_text, short_reason
+from lmsp_tray.desktop.menu import (
+    MODEL_ERROR,
+    DownloadView,
+    ModelView,
+    PairingView,
+    TrayState,
+    clean_text,
+    short_reason,
+)
 from lmsp_tray.errors import LMSPError, ModelNotFound
 
 if TYPE_CHECKING:
@@ -128,6 +136,19 @@ def pairing_notification(view: Any) -> str | None:
     )
 
 
+def download_notification(status: Any) -> str | None:
+    """The desktop notification when a download ends (None while it runs)."""
+    name = clean_text(getattr(status, "ref", ""), 80)
+    state = getattr(status, "state", None)
+    if state == "completed":
+        model = getattr(status, "model_id", None)
+        ready = f": ready as {clean_text(model, 60)}" if model else " into the Hugging Face cache"
+        return f"Downloaded {name}{ready}."
+    if state == "failed":
+        return f"Download of {name} failed: {short_reason(getattr(status, 'error', None), 160)}"
+    return None
+
+
 # -- the backend ------------------------------------------------------------------------------------
 
 
@@ -154,6 +175,19 @@ class DaemonTrayBackend:
             pairings=self._pairings(),
             token_available=self._token_available(),
             notice=self._notice(),
+            downloads=self._downloads(),
+        )
+
+    def _downloads(self) -> tuple[DownloadView, ...]:
+        downloads = getattr(self.daemon, "downloads", None)
+        if downloads is None:
+            return ()
+        return tuple(
+            DownloadView(
+                s.task_id, s.ref, s.bytes_done, s.bytes_total, s.bytes_per_second, s.eta_seconds, s.state == "queued"
+            )
+            for s in downloads.active()
+            if s.state in ("queued", "running")
         )
 
     def _model_view(self, entry: Any) -> ModelView:
@@ -301,6 +335,7 @@ def run_tray(
         backend.hooks.subscribe_pairings(notify_pairing)
     except Exception as exc:  # noqa: BLE001
         log.debug("no pairing notifications: %s", exc)
+    _notify_downloads(daemon, app)
     try:
         try:
             return app.run()
@@ -310,6 +345,20 @@ def run_tray(
             return 0
     finally:
         daemon.stop_background()  # a no-op after Quit; after SIGTERM/SIGINT the same clean stop
+
+
+def _notify_downloads(daemon: Daemon, app: Any) -> None:
+    """A notification when a download ends (done or failed); the menu follows progress by its poll."""
+
+    def on_download(status: Any) -> None:
+        message = download_notification(status)
+        if message is not None:
+            app.refresh()
+            app.notify(message)
+
+    downloads = getattr(daemon, "downloads", None)
+    if downloads is not None:
+        downloads.subscribe(on_download)
 
 
 def _wait_for_signal(daemon: Daemon) -> None:

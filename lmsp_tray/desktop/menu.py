@@ -78,6 +78,19 @@ class PairingView:
 
 
 @dataclass(frozen=True)
+class DownloadView:
+    """A model download in progress (`POST /models/pull`), as the tray shows it."""
+
+    task_id: str
+    name: str  # the model as named: hf.co/org/repo:Q4_K_M
+    bytes_done: int = 0
+    bytes_total: int = 0
+    bytes_per_second: float | None = None
+    eta_seconds: int | None = None
+    queued: bool = False  # waiting to start or resume
+
+
+@dataclass(frozen=True)
 class TrayState:
     """Everything the menu and icon depend on. Equal states give equal menus."""
 
@@ -89,11 +102,13 @@ class TrayState:
     pairings: tuple[PairingView, ...] = ()
     token_available: bool = False
     notice: str | None = None  # a service-level problem or the last failed action, shown on top
+    downloads: tuple[DownloadView, ...] = ()
 
     def __post_init__(self) -> None:
         # Accept lists from callers but keep the state hashable and comparable.
         object.__setattr__(self, "models", tuple(self.models))
         object.__setattr__(self, "pairings", tuple(self.pairings))
+        object.__setattr__(self, "downloads", tuple(self.downloads))
 
     @property
     def loaded_count(self) -> int:
@@ -277,6 +292,40 @@ def models_submenu(state: TrayState) -> tuple[MenuItemSpec, ...]:
     return tuple(items)
 
 
+def _duration(seconds: int) -> str:
+    if seconds >= 3600:
+        return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+    if seconds >= 60:
+        return f"{seconds // 60} min"
+    return f"{seconds} s"
+
+
+def download_label(download: DownloadView) -> str:
+    """`hf.co/org/repo:Q4_K_M — 45% · 35 MB/s · 2 min left` (or queued)."""
+    name = clean_text(download.name, MAX_NAME_CHARS + 20)
+    if download.queued:
+        return f"{name} \u2014 queued"
+    share = download.bytes_done * 100 // download.bytes_total if download.bytes_total else 0
+    parts = [f"{share}%"]
+    if download.bytes_per_second:
+        parts.append(f"{human_size(int(download.bytes_per_second))}/s")
+    if download.eta_seconds:
+        parts.append(f"{_duration(download.eta_seconds)} left")
+    return f"{name} \u2014 " + " \u00b7 ".join(parts)
+
+
+def downloads_section(state: TrayState) -> list[MenuItemSpec]:
+    """One line per download in progress (follow or cancel it through the API's task)."""
+    if not state.downloads:
+        return []
+    count = len(state.downloads)
+    return [
+        SEPARATOR,
+        MenuItemSpec(f"Downloading ({count})" if count > 1 else "Downloading", enabled=False),
+        *(MenuItemSpec(download_label(d), enabled=False) for d in state.downloads),
+    ]
+
+
 def build_menu(state: TrayState) -> list[MenuItemSpec]:
     """The whole tray menu for `state`."""
     any_loaded = any(m.state in (LOADED, MODEL_LOADING) for m in state.models)
@@ -293,6 +342,7 @@ def build_menu(state: TrayState) -> list[MenuItemSpec]:
     items.append(MenuItemSpec("Unload all", Action.UNLOAD_ALL, enabled=any_loaded))
     items.append(MenuItemSpec("Rescan models", Action.RESCAN))
     items.append(MenuItemSpec("Open models folder", Action.OPEN_MODELS_FOLDER))
+    items.extend(downloads_section(state))
     if state.pairings:
         items.append(SEPARATOR)
         count = len(state.pairings)

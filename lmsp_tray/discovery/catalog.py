@@ -19,12 +19,13 @@ version, a missing split part or Ollama blob.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -146,6 +147,12 @@ class Catalog:
         return entry
 
     # -- scanning --------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def holding_scans(self) -> Iterator[None]:
+        """No scan runs while the caller changes files (a download linking every part of a split model)."""
+        with self._scan_lock:
+            yield
+
     def scan(self) -> list[ModelEntry]:
         """Rescan every source now and return the entries (sorted by id)."""
         with self._scan_lock:

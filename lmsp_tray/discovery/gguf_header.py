@@ -241,6 +241,15 @@ def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
             raise GGUFReadError(f"cannot read the file: {exc.strerror or exc}") from None
 
 
+def read_gguf_info_from(f: BinaryIO, size: int) -> GGUFInfo:
+    """The header facts of a GGUF file of `size` bytes behind any seekable reader (e.g. ranges of a
+    file still on a server, before downloading it); raises `GGUFError` when it has none."""
+    try:
+        return _parse(_Reader(f, size))
+    except OSError as exc:
+        raise GGUFReadError(f"cannot read the file: {exc.strerror or exc}") from None
+
+
 def _parse(r: _Reader) -> GGUFInfo:
     if r.size == 0:
         raise GGUFError("empty file (0 bytes): not a GGUF model; perhaps a download that never started")

@@ -5,12 +5,16 @@ notifications (watchfiles: inotify, FSEvents, ReadDirectoryChangesW) and
 rescans the catalog shortly after something changes. It also rescans every
 `poll` seconds, which picks up folders that did not exist when it started
 (LM Studio installed later) and file systems without notifications.
-Listeners get the ids that appeared and disappeared.
+Listeners get the ids that appeared and disappeared. Writes to a download in
+progress (``*.incomplete``, lock files, hidden temporary files) are not changes
+worth a rescan: a file being downloaded is written to many times a second, and
+is never a model until it is renamed into place.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterable
 
@@ -22,6 +26,13 @@ from lmsp_tray.discovery.entry import ModelEntry
 log = logging.getLogger("lmsp_tray.discovery")
 
 Listener = Callable[[list[ModelEntry], set[str], set[str]], None]  # (entries, added ids, removed ids)
+IGNORED_SUFFIXES = (".incomplete", ".lock", ".tmp", ".part", ".download")
+
+
+def relevant(_change: object, path: str) -> bool:
+    """Whether a changed path can change the catalog (not a partial download, a lock or a hidden temp file)."""
+    name = os.path.basename(path)
+    return not (name.startswith(".") or name.endswith(IGNORED_SUFFIXES))
 
 
 class FolderWatcher:
@@ -82,6 +93,7 @@ class FolderWatcher:
         """Rescan on each batch of changes; return when it is time for a periodic pass."""
         changes: Iterable[set] = watchfiles.watch(
             *roots,
+            watch_filter=relevant,
             stop_event=self._stop,
             debounce=self._debounce_ms,
             step=50,

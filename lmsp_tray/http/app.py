@@ -9,6 +9,7 @@ from starlette.applications import Starlette
 from lmsp_tray.auth.pairing import Auth
 from lmsp_tray.errors import UnsupportedVersion
 from lmsp_tray.http.auth_routes import AUTH_ROUTES
+from lmsp_tray.http.download_routes import DOWNLOAD_ROUTES
 from lmsp_tray.http.problems import EXCEPTION_HANDLERS, send_problem
 from lmsp_tray.http.routes import ROUTES
 from lmsp_tray.http.security import SecurityMiddleware, SecurityPolicy
@@ -52,11 +53,17 @@ class VersionMiddleware:
 
 
 def all_routes() -> list[Any]:
-    return [*ROUTES, *STORED_ROUTES, *AUTH_ROUTES]
+    return [*DOWNLOAD_ROUTES, *ROUTES, *STORED_ROUTES, *AUTH_ROUTES]
 
 
 def create_app(
-    service: Service, auth: Auth, *, responder: Responder | None = None, conversations: Any = None, tasks: Any = None
+    service: Service,
+    auth: Auth,
+    *,
+    responder: Responder | None = None,
+    conversations: Any = None,
+    tasks: Any = None,
+    downloads: Any = None,
 ) -> Any:
     """The ASGI app: security checks first (Host, Origin, token), then the version rule, then the routes.
 
@@ -68,5 +75,6 @@ def create_app(
     app.state.responder = responder or Responder(service)
     app.state.conversations = conversations
     app.state.tasks = tasks
+    app.state.downloads = downloads
     policy = SecurityPolicy.build(service.config.allowed_origins, service.config.max_request_bytes)
     return SecurityMiddleware(VersionMiddleware(app), tokens=auth.tokens, policy=policy)

@@ -15,6 +15,7 @@ from typing import Any
 
 from lmsp_tray import __version__
 from lmsp_tray.auth.tokens import MAX_NAME, NAME_PATTERN, SCOPES
+from lmsp_tray.http import openapi_downloads as downloads
 from lmsp_tray.protocol.requests import ResponseCreate
 from lmsp_tray.store.task_rows import TASK_STATUSES
 
@@ -53,8 +54,10 @@ PROBLEMS = {
     "unsupported_capability, context_length_exceeded).",
     "401": "No, or no valid, bearer token (unauthorized).",
     "403": "The token lacks the scope (insufficient_scope), or the Host (forbidden_host) or Origin "
-    "(forbidden_origin) is not allowed.",
-    "404": "Nothing with that id (model_not_found, response_not_found, task_not_found, not_found).",
+    "(forbidden_origin) is not allowed; for a pull, a gated or private repository the user has no access to "
+    "(gated_repository, with `license_url`: the page to accept the licence on).",
+    "404": "Nothing with that id (model_not_found, response_not_found, task_not_found, not_found); for a pull, "
+    "no such repository (repository_not_found) or no such file or quantization in it (file_not_found).",
     "405": "The method is not allowed on this path (method_not_allowed).",
     "409": "The request conflicts with the current state (conflict), or a request with this Idempotency-Key "
     "is still running (idempotency_key_in_progress).",
@@ -63,8 +66,10 @@ PROBLEMS = {
     "422": "The Idempotency-Key was used with another body (idempotency_key_reused).",
     "429": "Too many requests (too_many_requests); see Retry-After.",
     "500": "An unexpected error (internal_error); details are only in the service log.",
+    "502": "Hugging Face could not be reached or answered unexpectedly (hub_unavailable).",
     "503": "The model cannot serve now (model_load_failed, service_unavailable).",
-    "507": "Not enough memory to load the model (insufficient_memory).",
+    "507": "Not enough memory to load the model (insufficient_memory); for a pull, not enough disk space "
+    "(insufficient_storage, with `required_bytes`, `available_bytes` and `path`).",
 }
 
 
@@ -234,7 +239,14 @@ def _schemas() -> dict[str, Any]:
                 "response_id": _nullable(STR),
                 "response": _nullable(_ref("Response")),
                 "error": _nullable(_ref("Problem")),
-            }
+            },
+            {
+                "kind": {
+                    "const": "model.download",
+                    "description": "Only on tasks that are not background responses: a model download.",
+                },
+                "download": _nullable(_ref("ModelDownload")),
+            },
         ),
         "TaskList": _obj(
             {
@@ -272,6 +284,7 @@ def _schemas() -> dict[str, Any]:
         },
     }
     schemas.update(_event_schemas())
+    schemas.update(downloads.schemas())
     return schemas
 
 
@@ -350,9 +363,16 @@ def _store_ops(example: dict[str, Any]) -> dict[str, dict[str, Any]]:
     }
     events = {
         "description": "Server-sent events, exactly those of a streamed response (ids from 1), from the "
-        "resume point on; live until the terminal event.",
+        "resume point on; live until the terminal event." + downloads.stream_note(),
         "headers": dict(VERSION_HEADER),
-        "content": {"text/event-stream": {"schema": {"type": "string", "description": _stream_description()}}},
+        "content": {
+            "text/event-stream": {
+                "schema": {"type": "string", "description": _stream_description() + downloads.stream_note()},
+                "x-lmsp-events": {
+                    e: {"$ref": REF + downloads.event_schema_name(e)} for e in [*EVENTS, "error", *downloads.EVENTS]
+                },
+            }
+        },
     }
     return {
         "/lmsp/v1/responses/{response_id}": {
@@ -525,6 +545,7 @@ def build_openapi(example_model: str | None = None) -> dict[str, Any]:
             )
         },
         **_store_ops(response_example),
+        **downloads.operations("hf.co/unsloth/gemma-3-270m-it-GGUF:Q4_K_M"),
         "/lmsp/v1/auth/tokens": {
             "get": _op(
                 "List tokens (never their secrets).",

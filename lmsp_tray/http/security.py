@@ -64,6 +64,7 @@ ROUTE_SCOPES: tuple[tuple[str, str, str], ...] = (
     ("POST", r"/lmsp/v1/auth/tokens", "tokens:manage"),
     ("POST", r"/lmsp/v1/auth/tokens/[^/]+/revoke", "tokens:manage"),
     ("GET", r"/lmsp/v1/models", "models:read"),
+    ("POST", r"/lmsp/v1/models/pull", "models:manage"),  # downloads a model (a task)
     ("POST", r"/lmsp/v1/models/.+/(load|unload)", "models:manage"),
     ("GET", r"/lmsp/v1/models/.+", "models:read"),
     ("POST", r"/lmsp/v1/responses", "responses:create"),

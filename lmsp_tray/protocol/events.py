@@ -17,7 +17,17 @@ from typing import Any
 from lmsp_tray.ids import new_id
 
 TERMINAL_EVENTS = frozenset(
-    {"response.completed", "response.incomplete", "response.failed", "response.cancelled", "error"}
+    {
+        "response.completed",
+        "response.incomplete",
+        "response.failed",
+        "response.cancelled",
+        "error",
+        # a model download task (`protocol.downloads`)
+        "model.download.completed",
+        "model.download.failed",
+        "model.download.cancelled",
+    }
 )
 
 

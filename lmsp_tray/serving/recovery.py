@@ -135,7 +135,8 @@ def recover(db: Database) -> list[TaskRecord]:
         "Create the task again to get a complete answer."
     ).to_problem()
     for task in found.interrupted:
-        db.write_sync(end_with_error, task.id, problem)
+        if task.kind == task_store.RESPONSE:  # other kinds resume themselves (`downloads.DownloadTasks.recover`)
+            db.write_sync(end_with_error, task.id, problem)
     if found.interrupted or found.queued or found.abandoned_keys:
         log.info(
             "recovered after an unclean stop: %d task(s) ended service_restarted, %d queued task(s) to run, "
@@ -144,4 +145,4 @@ def recover(db: Database) -> list[TaskRecord]:
             len(found.queued),
             found.abandoned_keys,
         )
-    return found.queued
+    return [t for t in found.queued if t.kind == task_store.RESPONSE]

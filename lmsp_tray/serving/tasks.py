@@ -36,7 +36,7 @@ import collections
 import functools
 import logging
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from lmsp_tray.errors import (
     InternalError,
@@ -56,7 +56,7 @@ from lmsp_tray.serving.service import ResponseRun, Service
 from lmsp_tray.store import Database, event_log, stored_responses
 from lmsp_tray.store import idempotency_keys as keys
 from lmsp_tray.store import task_rows as task_store
-from lmsp_tray.store.task_rows import TASK_STATUSES, TaskPage, TaskRecord
+from lmsp_tray.store.task_rows import RESPONSE, TASK_STATUSES, TaskPage, TaskRecord
 
 log = logging.getLogger("lmsp_tray.serving.tasks")
 
@@ -67,8 +67,9 @@ MAX_LIST_LIMIT = 100
 
 
 def task_object(task: TaskRecord) -> dict[str, Any]:
-    """The task as PROFILE §4 describes it."""
-    return {
+    """The task as PROFILE §4 describes it; a task of another kind says which, and a download's state is in
+    `download` (its `response` stays null)."""
+    obj = {
         "id": task.id,
         "object": "task",
         "status": task.status,
@@ -78,6 +79,19 @@ def task_object(task: TaskRecord) -> dict[str, Any]:
         "response": task.response,
         "error": task.error,
     }
+    if task.kind != RESPONSE:  # e.g. "model.download": its object, not a response
+        obj["kind"] = task.kind
+        obj["response"] = None
+        obj["download"] = task.response
+    return obj
+
+
+class TaskKind(Protocol):
+    """Tasks of another kind than a background response (`downloads.DownloadTasks`): they run themselves;
+    `TaskManager` hands them cancel and event reads, and lists and shows them with the others."""
+
+    async def cancel(self, task: TaskRecord) -> TaskRecord: ...
+    async def open_events(self, task: TaskRecord, after: int) -> AsyncIterator[Event]: ...
 
 
 class TaskFeed:
@@ -160,9 +174,14 @@ class TaskManager:
         self._waiting: collections.deque[str] = collections.deque()
         self._active: dict[str, asyncio.Task] = {}
         self._stopping = False
+        self._kinds: dict[str, TaskKind] = {}
         self._shutdown_error = ServiceUnavailable(
             "The service stopped while this task was running; create the task again."
         )
+
+    def register_kind(self, kind: str, handler: TaskKind) -> None:
+        """Tasks of `kind` are cancelled and read through `handler`."""
+        self._kinds[kind] = handler
 
     # -- start-up and shutdown -------------------------------------------------------------------
     def resume(self, queued: Iterable[TaskRecord]) -> None:
@@ -256,6 +275,8 @@ class TaskManager:
         task = await self.get(task_id, caller=caller)
         if task.terminal:
             return task
+        if task.kind in self._kinds:
+            return await self._kinds[task.kind].cancel(task)
         feed = self._feeds.get(task_id)
         if feed is not None:
             feed.cancel_requested = True
@@ -272,6 +293,8 @@ class TaskManager:
     async def open_events(self, task_id: str, after: int = 0, *, caller: Caller = ANONYMOUS) -> AsyncIterator[Event]:
         """The task's events with id > ``after``; 404 / 410 are raised here, before any byte is sent."""
         task = await self.get(task_id, caller=caller)
+        if task.kind in self._kinds:
+            return await self._kinds[task.kind].open_events(task, after)
         feed = self._feeds.get(task_id)
         if feed is not None:
             return feed.follow(after)

@@ -29,7 +29,17 @@ from lmsp_tray.errors import EventHistoryExpired
 from lmsp_tray.store.database import StoreError
 
 TERMINAL_EVENTS = frozenset(
-    {"response.completed", "response.incomplete", "response.failed", "response.cancelled", "error"}
+    {
+        "response.completed",
+        "response.incomplete",
+        "response.failed",
+        "response.cancelled",
+        "error",
+        # a model download task (`serving.downloads`)
+        "model.download.completed",
+        "model.download.failed",
+        "model.download.cancelled",
+    }
 )
 
 

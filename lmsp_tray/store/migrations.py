@@ -121,7 +121,13 @@ def m001_initial(conn: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: tuple[Migration, ...] = (m001_initial,)
+def m002_task_kind(conn: sqlite3.Connection) -> None:
+    """Tasks of other kinds than a background response: model downloads (`kind = 'model.download'`)."""
+    conn.execute("ALTER TABLE tasks ADD COLUMN kind TEXT NOT NULL DEFAULT 'response'")
+    conn.execute("CREATE INDEX tasks_kind_status ON tasks (kind, status)")
+
+
+MIGRATIONS: tuple[Migration, ...] = (m001_initial, m002_task_kind)
 
 
 def schema_version(conn: sqlite3.Connection) -> int:

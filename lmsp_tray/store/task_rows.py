@@ -32,6 +32,7 @@ from lmsp_tray.errors import InvalidRequest, TaskNotFound
 from lmsp_tray.store import event_log
 
 TASK_STATUSES = ("queued", "in_progress", "completed", "incomplete", "failed", "cancelled")
+RESPONSE = "response"  # a background response (`POST /tasks`); other kinds: "model.download"
 TERMINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
 
 
@@ -46,8 +47,9 @@ class TaskRecord:
     owner: str | None = None  # the token id that created it
     started_at: float | None = None
     finished_at: float | None = None
-    response: dict[str, Any] | None = field(default=None, repr=False)
+    response: dict[str, Any] | None = field(default=None, repr=False)  # a download: its result object
     error: dict[str, Any] | None = None
+    kind: str = RESPONSE
 
     @property
     def terminal(self) -> bool:
@@ -77,7 +79,7 @@ class Recovery:
 
 _COLUMNS = (
     "id, status, created_at, updated_at, request_json, response_id, owner, started_at, finished_at, "
-    "response_json, error_json"
+    "response_json, error_json, kind"
 )
 
 
@@ -90,7 +92,7 @@ def _dumps(value: Any) -> str | None:
 
 
 def _record(row: sqlite3.Row | tuple) -> TaskRecord:
-    (tid, status, created, updated, request, response_id, owner, started, finished, response, error) = tuple(row)
+    (tid, status, created, updated, request, response_id, owner, started, finished, response, error, kind) = tuple(row)
     return TaskRecord(
         id=tid,
         status=status,
@@ -103,6 +105,7 @@ def _record(row: sqlite3.Row | tuple) -> TaskRecord:
         finished_at=finished,
         response=_loads(response),
         error=_loads(error),
+        kind=kind,
     )
 
 
@@ -114,15 +117,16 @@ def create(
     response_id: str | None = None,
     owner: str | None = None,
     now: float | None = None,
+    kind: str = RESPONSE,
 ) -> TaskRecord:
     """Insert a new ``queued`` task with its request body."""
     now = time.time() if now is None else now
     conn.execute(
-        "INSERT INTO tasks (id, status, created_at, updated_at, request_json, response_id, owner) "
-        "VALUES (?, 'queued', ?, ?, ?, ?, ?)",
-        (task_id, now, now, _dumps(dict(request)), response_id, owner),
+        "INSERT INTO tasks (id, status, created_at, updated_at, request_json, response_id, owner, kind) "
+        "VALUES (?, 'queued', ?, ?, ?, ?, ?, ?)",
+        (task_id, now, now, _dumps(dict(request)), response_id, owner, kind),
     )
-    return TaskRecord(task_id, "queued", now, now, dict(request), response_id, owner)
+    return TaskRecord(task_id, "queued", now, now, dict(request), response_id, owner, kind=kind)
 
 
 def get(conn: sqlite3.Connection, task_id: str, *, owner: str | None = None) -> TaskRecord | None:
@@ -152,6 +156,35 @@ def mark_in_progress(
         (now, now, response_id, task_id),
     )
     return get(conn, task_id) if cur.rowcount else None
+
+
+def requeue(
+    conn: sqlite3.Connection,
+    task_id: str,
+    *,
+    events: Iterable[tuple[int, str, str | Mapping[str, Any]]] = (),
+    now: float | None = None,
+) -> TaskRecord | None:
+    """in_progress → queued (a download paused by a stop, to resume at the next start), appending `events`.
+
+    Returns the task, or None when it was not in progress (then nothing is written).
+    """
+    now = time.time() if now is None else now
+    current = _require(conn, task_id)
+    if current.status != "in_progress":
+        return None
+    event_log.append_events(conn, task_id, events, now=now)
+    conn.execute("UPDATE tasks SET status = 'queued', updated_at = ? WHERE id = ?", (now, task_id))
+    return get(conn, task_id)
+
+
+def set_result(conn: sqlite3.Connection, task_id: str, result: Mapping[str, Any], *, now: float | None = None) -> None:
+    """Keep a running task's current result object (a download's progress), shown by `GET /tasks/{id}`."""
+    now = time.time() if now is None else now
+    conn.execute(
+        "UPDATE tasks SET response_json = ?, updated_at = ? WHERE id = ? AND status IN ('queued', 'in_progress')",
+        (_dumps(dict(result)), now, task_id),
+    )
 
 
 def finish(
@@ -227,6 +260,15 @@ def list_tasks(
     return TaskPage([_record(r) for r in rows[:limit]], has_more=len(rows) > limit)
 
 
+def unfinished(conn: sqlite3.Connection, *, kind: str) -> list[TaskRecord]:
+    """The queued and running tasks of one kind, oldest first."""
+    rows = conn.execute(
+        f"SELECT {_COLUMNS} FROM tasks WHERE kind = ? AND status IN ('queued', 'in_progress') ORDER BY created_at, id",
+        (kind,),
+    ).fetchall()
+    return [_record(r) for r in rows]
+
+
 def recover_after_crash(conn: sqlite3.Connection, *, now: float | None = None) -> Recovery:
     """Run once at start-up, before serving: what the last run left unfinished.
 
@@ -240,7 +282,7 @@ def recover_after_crash(conn: sqlite3.Connection, *, now: float | None = None) -
     now = time.time() if now is None else now
     rows = conn.execute(
         f"SELECT {_COLUMNS} FROM tasks WHERE status IN ('in_progress', 'queued') ORDER BY created_at, id"
-    ).fetchall()
+    ).fetchall()  # every kind: the service decides what each kind does after a crash
     tasks = [_record(r) for r in rows]
     abandoned = conn.execute("DELETE FROM idempotency WHERE state = 'in_progress'").rowcount
     closed = conn.execute(
