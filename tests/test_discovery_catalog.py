@@ -177,8 +177,7 @@ def test_ids_and_sources(world: World, scanned: tuple[Catalog, dict[str, ModelEn
         "cpp-tiny:1m-f16": "llama.cpp",
         "bad-magic": "custom",
         "renamed-page": "custom",
-        "truncated": "custom",
-        "short-weights": "custom",
+        "tiny-test:1m-f32": "custom",  # short-weights.gguf: its header is whole, so it has its final id
         "split-model:1m-f32": "custom",
         "broken-split:1m-f32": "custom",
         "my-model-v2-final": "custom",
@@ -239,21 +238,27 @@ def test_bad_files_are_error_entries_and_the_scan_goes_on(
     catalog, by_id = scanned
     errors = {i: e.error for i, e in by_id.items() if e.error}
     assert not any(str(world.custom) in m or str(world.home) in m for m in errors.values())  # clients see these
-    assert "not a GGUF file" in errors["bad-magic"]
+    assert "not a GGUF model file" in errors["bad-magic"] and "the bytes 00 01 02 03" in errors["bad-magic"]
     assert "HTML" in errors["renamed-page"]
-    assert "truncated" in errors["truncated"] and "metadata" in errors["truncated"]
-    assert "truncated" in errors["short-weights"] and "4,096 bytes" in errors["short-weights"]
+    short = by_id["tiny-test:1m-f32"]
+    assert short.path.name == "short-weights.gguf" and short.incomplete and short.info is not None
+    assert errors["tiny-test:1m-f32"].startswith("incomplete file, probably a download or copy")
+    assert "4,096 bytes" in errors["tiny-test:1m-f32"]
+    # A file cut inside its header is no model yet: no id (it would change once the header is there).
+    [cut] = catalog.incomplete_files()
+    assert cut.path.name == "truncated.gguf" and cut.source == "custom"
+    assert "truncated" in cut.error and "metadata" in cut.error and cut.error.startswith("incomplete file")
+    assert not any(e.path == cut.path for e in by_id.values())
     assert set(errors) == {
         "bad-magic",
         "renamed-page",
-        "truncated",
-        "short-weights",
+        "tiny-test:1m-f32",
         "ghost:1b",
         "garbled:v1",
         "broken-split:1m-f32",
         "lonely:1m-f32",
     }
-    assert all(e.info is None for i, e in by_id.items() if i in {"bad-magic", "renamed-page", "truncated"})
+    assert all(e.info is None for i, e in by_id.items() if i in {"bad-magic", "renamed-page"})
     report = catalog.last_report
     assert report is not None and report.errors == len(errors) and report.models == len(by_id)
     assert report.skipped == {"mmproj": 1, "vocab": 1, "adapter": 1}
