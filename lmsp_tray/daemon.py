@@ -15,6 +15,12 @@ before the socket serves anything; queued tasks start with the server; the
 housekeeper purges expired events, keys and (if configured) old responses
 in the background; on exit running tasks end with a terminal event
 (`tasks` module docstring), then the database is closed.
+
+Without a keyring the owner token of this run is written to the owner token
+file (`auth.vault.OwnerTokenFile`, in the runtime folder) once the socket
+serves, so `lmsp-tray tokens …` can reach the service; the keyring is tried
+again every `keyring_retry` seconds, and once it works the file goes and the
+discovery file names the new persistent owner token.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import uvicorn
 from lmsp_tray import __version__
 from lmsp_tray.auth.pairing import Auth, PairingBroker
 from lmsp_tray.auth.tokens import StoreTokenRepository, TokenManager, TokenRepository
-from lmsp_tray.auth.vault import SecretVault
+from lmsp_tray.auth.vault import OwnerTokenFile, SecretVault, TokenFileError
 from lmsp_tray.config import Config, Paths
 from lmsp_tray.discovery.catalog import Catalog
 from lmsp_tray.discovery.watch import FolderWatcher
@@ -172,7 +178,11 @@ class Daemon:
         ).start()
         tokens = TokenManager(token_repository or StoreTokenRepository(self.db, last_used), vault or SecretVault())
         tokens.ensure_owner()
+        tokens.add_keyring_listener(self._keyring_changed)
         self.auth = Auth(tokens=tokens, pairings=PairingBroker(tokens))
+        self.owner_token_file = paths.runtime_dir / "owner-token"
+        self._keyring_stop = threading.Event()
+        self._keyring_thread: threading.Thread | None = None
         self.conversations = Conversations(self.db)
         self.idempotency = Idempotency(self.db, ttl_s=settings.idempotency_ttl_s)
         self.responder = Responder(
@@ -259,8 +269,10 @@ class Daemon:
         while not server.started and not serve_task.done():
             await asyncio.sleep(0.01)
         if server.started and self.url:
+            self._publish_owner_token()
             write_discovery_file(self.paths, self.url, self._discovery_owner_id())
             self.watcher.start()
+            self._start_keyring_retry()
             log.info("lmsp-tray %s serving %s", __version__, self.url)
         self._started.set()
         try:
@@ -331,12 +343,56 @@ class Daemon:
         if self._closed:
             return
         self._closed = True
+        self._keyring_stop.set()
         remove_discovery_file(self.paths)
+        if self.auth.tokens.owner_ephemeral:
+            OwnerTokenFile(self.owner_token_file).remove()
         self.watcher.stop()
         self.models.close()
         self.runtime.close()
         self.housekeeper.stop()
         self.db.close()  # commits whatever is still queued
+
+    # -- the owner token without a keyring ---------------------------------------------------------
+    def _publish_owner_token(self) -> None:
+        """Without a keyring: the session owner token into the owner token file, for the CLI."""
+        tokens = self.auth.tokens
+        token_file = OwnerTokenFile(self.owner_token_file)
+        if not tokens.owner_ephemeral or not tokens.owner_secret:
+            token_file.remove()  # a stale one from a run that was killed
+            return
+        try:
+            token_file.write(tokens.owner_secret)
+            log.info(
+                "the keyring is unavailable: the owner token of this run is in %s (only you can read it)",
+                token_file.path,
+            )
+        except (OSError, TokenFileError) as exc:
+            log.warning("could not write the owner token file %s: %s", token_file.path, exc)
+
+    def _keyring_changed(self, error: Any) -> None:
+        """The keyring works again: the persistent owner token is in it now; drop the file."""
+        if error is not None or self._closed:
+            return
+        OwnerTokenFile(self.owner_token_file).remove()
+        if self.url:
+            write_discovery_file(self.paths, self.url, self._discovery_owner_id())
+
+    def _start_keyring_retry(self) -> None:
+        interval = self.config.keyring_retry
+        if not interval or self._keyring_thread is not None:
+            return
+
+        def run() -> None:
+            while not self._keyring_stop.wait(interval):
+                if self.auth.tokens.keyring_error is not None:
+                    try:
+                        self.auth.tokens.retry_keyring()
+                    except Exception:
+                        log.debug("keyring retry failed", exc_info=True)
+
+        self._keyring_thread = threading.Thread(target=run, name="lmsp-keyring-retry", daemon=True)
+        self._keyring_thread.start()
 
     def _discovery_owner_id(self) -> str | None:
         """The owner token's id for the discovery file (an id, not a secret: the CLI finds the
