@@ -49,7 +49,15 @@ from lmsp_tray.engine.manager import MemoryBudget, ModelManager
 from lmsp_tray.engine.runtime import Runtime
 from lmsp_tray.http.app import create_app
 from lmsp_tray.http.security import MAX_HEADER_BYTES
-from lmsp_tray.instance import remove_discovery_file, write_discovery_file
+from lmsp_tray.instance import (
+    SERVICE,
+    InstanceBusy,
+    InstanceLock,
+    read_info,
+    remove_discovery_file,
+    write_discovery_file,
+    write_info,
+)
 from lmsp_tray.serving.conversations import Conversations
 from lmsp_tray.serving.recovery import recover
 from lmsp_tray.serving.replay import Idempotency
@@ -133,6 +141,17 @@ class StoreSettings:
         )
 
 
+def claim(paths: Paths) -> InstanceLock:
+    """Take this home's instance lock, or raise `InstanceBusy` naming who holds it."""
+    lock = InstanceLock(paths)
+    if not lock.acquire():
+        holder = read_info(paths)
+        who = f" (pid {holder.pid}{', ' + holder.url if holder.url else ''})" if holder else ""
+        raise InstanceBusy(f"another lmsp-tray uses the data folder {paths.data_dir}{who}")
+    write_info(paths, SERVICE)
+    return lock
+
+
 class Daemon:
     def __init__(
         self,
@@ -142,10 +161,13 @@ class Daemon:
         catalog: Any,
         vault: SecretVault | None = None,
         token_repository: TokenRepository | None = None,
+        lock: InstanceLock | None = None,
     ) -> None:
         self.paths = paths
         self.config = config
         self.catalog = catalog
+        # One instance per home: the lock (the CLI's, taken earlier, or our own) before the database.
+        self.lock = lock if lock is not None else claim(paths)
         self.runtime = Runtime()
         self.models = ModelManager(
             self.runtime,
@@ -160,11 +182,16 @@ class Daemon:
             capabilities=Capabilities((*Capabilities().names, "conversations")),
         )
         self.store_settings = settings = StoreSettings.from_config(config)
-        self.db = Database(paths.database)
+        try:
+            self.db = Database(paths.database)
+        except BaseException:
+            self.lock.release()
+            raise
         try:
             self._queued = recover(self.db)  # before anything is served
         except BaseException:
             self.db.close()
+            self.lock.release()
             raise
         last_used = LastUsedBatcher()
         self.housekeeper = Housekeeper(
@@ -270,6 +297,7 @@ class Daemon:
             await asyncio.sleep(0.01)
         if server.started and self.url:
             self._publish_owner_token()
+            write_info(self.paths, SERVICE, url=self.url)  # the CLI finds us here, whatever its runtime folder
             write_discovery_file(self.paths, self.url, self._discovery_owner_id())
             self.watcher.start()
             self._start_keyring_retry()
@@ -352,6 +380,7 @@ class Daemon:
         self.runtime.close()
         self.housekeeper.stop()
         self.db.close()  # commits whatever is still queued
+        self.lock.release()  # last: a new instance may open the database now
 
     # -- the owner token without a keyring ---------------------------------------------------------
     def _publish_owner_token(self) -> None:

@@ -62,6 +62,10 @@ def info_file(paths: Paths) -> Path:
     return paths.data_dir / INFO_NAME
 
 
+class InstanceBusy(RuntimeError):
+    """Another process holds this home's instance lock."""
+
+
 class InstanceLock:
     """The exclusive per-home lock. `acquire()` once; the lock lives until `release()` or exit."""
 

@@ -143,8 +143,7 @@ def test_real_program_tray_drives_the_daemon(tray, xsession, models_dir):
             TrayState(
                 url=url,
                 models=tuple(
-                    ModelView(m["id"], m["size_bytes"], m["quantization"], file_name=FILES[m["id"]])
-                    for m in models
+                    ModelView(m["id"], m["size_bytes"], m["quantization"], file_name=FILES[m["id"]]) for m in models
                 ),
                 token_available=True,
                 notice=keyring_notice(KEYRING_REASON, tray.lmsp_home / "run" / "owner-token"),

@@ -20,7 +20,7 @@ from typing import Any
 from lmsp_tray import __version__
 from lmsp_tray.cli.startup import Reporter, StartupError, claim_instance, second_launch
 from lmsp_tray.config import DEFAULT_PORT, Config, ConfigError, Paths, load_config, resolve_paths
-from lmsp_tray.instance import ShowRequests
+from lmsp_tray.instance import InstanceLock, ShowRequests
 
 log = logging.getLogger("lmsp_tray")
 
@@ -211,7 +211,14 @@ def cmd_models(paths: Paths, config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_serve(
-    paths: Paths, config: Config, args: argparse.Namespace, *, tray: bool, show: ShowRequests, reporter: Reporter
+    paths: Paths,
+    config: Config,
+    args: argparse.Namespace,
+    *,
+    tray: bool,
+    show: ShowRequests,
+    reporter: Reporter,
+    lock: InstanceLock,
 ) -> int:
     """Serve for as long as asked (the per-home lock is already ours)."""
     from lmsp_tray.daemon import Daemon
@@ -219,7 +226,7 @@ def cmd_serve(
 
     first_run = not paths.database.exists()
     catalog = _catalog(paths, config, announce=True)
-    daemon = Daemon(paths, config, catalog=catalog)
+    daemon = Daemon(paths, config, catalog=catalog, lock=lock)
     try:
         sock = daemon.bind()
     except OSError as exc:
@@ -278,7 +285,7 @@ def run_service(paths: Paths, args: argparse.Namespace, *, tray: bool) -> int:
         return second_launch(paths, claimed, reporter)
     try:
         config = _config(paths, args)
-        return cmd_serve(paths, config, args, tray=tray, show=show, reporter=reporter)
+        return cmd_serve(paths, config, args, tray=tray, show=show, reporter=reporter, lock=claimed)
     except ConfigError as exc:
         return reporter.failure(str(exc), code=2, summary="lmsp-tray could not start: a setting is wrong")
     except StartupError as exc:
