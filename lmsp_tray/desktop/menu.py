@@ -156,9 +156,17 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u20
 _SPACES = re.compile(r"\s+")
 
 
+_TRACEBACK = re.compile(r"^\s*Traceback \(most recent call last\)|^\s*Traceback:", re.MULTILINE)
+
+
 def one_line(text: object) -> str:
-    """Control and bidi characters removed, runs of spaces (and line breaks) made one space."""
-    return _SPACES.sub(" ", _CONTROL.sub(" ", str(text))).strip()
+    """Control and bidi characters removed, runs of spaces (and line breaks) made one space; a
+    Python traceback that slipped into a message is left out (people get the message, not that)."""
+    value = str(text)
+    found = _TRACEBACK.search(value)
+    if found:
+        value = value[: found.start()]
+    return _SPACES.sub(" ", _CONTROL.sub(" ", value)).strip()
 
 
 def _pathlike(word: str) -> bool:

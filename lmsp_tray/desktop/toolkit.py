@@ -383,6 +383,7 @@ def _gtk_icon(base: type, name: str, hooks: MenuHooks) -> type:
             self._lmsp_hooks = hooks
             super().__init__(*args, **kwargs)
             self._menu_handle = gtkmenu.build_menu(hooks.specs(), hooks.click)
+            self._update_title()  # pystray sets it only on later changes
 
         def _initialize(self) -> None:
             # As pystray's GtkIcon._initialize, minus its SIGINT reset (TrayApp handles
@@ -440,7 +441,15 @@ def _gtk_icon(base: type, name: str, hooks: MenuHooks) -> type:
 def _xorg_icon(base: type) -> type:
     class XorgTrayIcon(base):
         """pystray's xorg icon with a Latin-1 window name (X11's WM_NAME; pystray writes it as
-        Latin-1 and fails on an em dash)."""
+        Latin-1 and fails on an em dash), and clicks that arrive: pystray 0.19.5 handles ButtonPress
+        but never asks X for it, so a click on its icon did nothing."""
+
+        def _create_window(self) -> Any:
+            window = super()._create_window()
+            from Xlib import X
+
+            window.change_attributes(event_mask=X.ExposureMask | X.StructureNotifyMask | X.ButtonPressMask)
+            return window
 
         @property
         def title(self) -> str:

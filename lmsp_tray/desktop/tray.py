@@ -177,7 +177,7 @@ class TrayApp:
         self._slots: dict[str, int] = {}  # notification kind -> its last id (a new one replaces it)
         self._not_shown_reported = False
         self.state = self._overlay(self._safe_snapshot())
-        self._service_notice = self.state.notice
+        self._service_notice: str | None = None  # the first poll announces a notice there at start
         self._shown_activity = self.state.activity
         self.hooks = MenuHooks(specs=self.menu_specs, click=self.click)
         icon_type = icon_class(self.pystray, self.hooks)
