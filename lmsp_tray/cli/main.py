@@ -326,6 +326,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "autostart":
         return cmd_autostart(args)
     service = args.command in (None, "serve")
+    if args.command == "stop":  # creates nothing: uninstall.sh runs it in homes that may have no lmsp-tray folders
+        from lmsp_tray.cli.control import cmd_stop
+
+        return cmd_stop(resolve_paths(), args)
     try:
         paths = resolve_paths().ensure()
     except OSError as exc:
@@ -336,10 +340,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if service:
         setup_logging(paths, args.verbose)  # first, so that every start-up failure reaches the log file
         return run_service(paths, args, tray=args.command is None)
-    if args.command == "stop":
-        from lmsp_tray.cli.control import cmd_stop
-
-        return cmd_stop(paths, args)
     try:
         config = _config(paths, args)
     except ConfigError as exc:
