@@ -289,9 +289,13 @@ def test_macos_launch_agent_template_is_what_autostart_writes(tmp_path):
 
 
 def test_pyinstaller_specs_compile_and_name_existing_files():
-    for spec in (ROOT / "installers" / "macos" / "lmsp-tray.spec", ROOT / "installers" / "windows" / "lmsp-tray.spec"):
+    """The three specs share one analysis (the Linux build proves it: tests/test_pyinstaller.py)."""
+    for name in ("linux", "macos", "windows"):
+        spec = ROOT / "installers" / name / "lmsp-tray.spec"
         source = spec.read_text()
         compile(source, str(spec), "exec")
+        assert "from pyinstaller_common import analysis_inputs" in source and "**analysis_inputs(ROOT, " in source
+        assert "hiddenimports=" not in source and "datas=" not in source  # nothing listed apart from the shared one
         for rel in re.findall(r'ROOT / "([^"]+)" / "([^"]+)"', source):
             assert (ROOT.joinpath(*rel)).exists(), f"{spec.name} names missing {'/'.join(rel)}"
     mac = (ROOT / "installers" / "macos" / "lmsp-tray.spec").read_text()
