@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 from desktop_support import PrivateBus, dbus_missing
 from notify_server import NotifyServer
+from support import free_port
 from xvfb import ROOT, XSession, missing_tools, wait_for
 
 pytestmark = [
@@ -67,6 +69,11 @@ def checkout_copy(target: Path) -> Path:
     return target
 
 
+def port_taken(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
 def menu_drawn(shot: Path, box: tuple[int, int, int, int]) -> tuple[float, float]:
     """(share of the box in one light background colour, share of dark text pixels) in the screenshot."""
     from collections import Counter
@@ -92,6 +99,9 @@ def test_the_readme_first_command_gives_a_tray_icon_whose_menu_opens(tmp_path):
     (shim / "sudo").chmod(0o755)
     home = tmp_path / "home"
     home.mkdir()
+    if port_taken(7373):  # the default port, used by something else on this machine: a setting, not the command
+        (home / ".config" / "lmsp-tray").mkdir(parents=True)
+        (home / ".config" / "lmsp-tray" / "config.toml").write_text(f"port = {free_port()}\n")
     cache = subprocess.run([sys.executable, "-m", "pip", "cache", "dir"], capture_output=True, text=True).stdout.strip()
     drop = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "LMSP_TRAY_HOME", "PYSTRAY_BACKEND", "GDK_BACKEND", "DISPLAY")
     env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("XDG_")}
