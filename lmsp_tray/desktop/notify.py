@@ -227,6 +227,55 @@ class Notifier:
                 log.warning("notification callback failed", exc_info=True)
 
 
+class Notices:
+    """The tray's notifications: through `Notifier` where a server answers, else a fallback (pystray's
+    balloon on Windows). One notification per kind: a new one of a kind replaces the last of that kind
+    (two "Loaded …" in a row), never one of another kind (a pairing request stays under a "Copied …");
+    kind None is always a new one. Never raises."""
+
+    def __init__(self, notifier: Notifier | None, fallback: Callable[[str, str], None] | None = None) -> None:
+        self.notifier = notifier
+        self.fallback = fallback
+        self._slots: dict[str, int] = {}
+
+    def send(
+        self,
+        body: str,
+        *,
+        title: str = APP_NAME,
+        kind: str | None = None,
+        actions: Sequence[tuple[str, str]] = (),
+        on_action: ActionCallback | None = None,
+        on_closed: Callable[[], None] | None = None,
+        critical: bool = False,
+    ) -> int | None:
+        """Show it; its id where the server gave one."""
+        if self.notifier is not None and self.notifier.available():
+            nid = self.notifier.notify(
+                title,
+                body,
+                actions=actions,
+                on_action=on_action,
+                on_closed=on_closed,
+                replaces=self._slots.get(kind, 0) if kind else 0,
+                urgency=CRITICAL if critical else NORMAL,
+            )
+            if nid is not None:
+                if kind:
+                    self._slots[kind] = nid
+                return nid
+        if self.fallback is not None:
+            try:
+                self.fallback(body, title)
+            except Exception as exc:  # noqa: BLE001 - no notification daemon is not an error
+                log.debug("notification not shown: %s", exc)
+        return None
+
+    def close(self, nid: int | None) -> None:
+        if self.notifier is not None and nid:
+            self.notifier.close(nid)
+
+
 def notify_once(summary: str, body: str = "", *, urgency: int = NORMAL) -> bool:
     """Show one notification from a short-lived process (start-up failures); True when shown."""
     notifier = Notifier()

@@ -53,6 +53,7 @@ from lmsp_tray.desktop.menu import (
     status_text,
     tooltip,
 )
+from lmsp_tray.desktop.notify import Notices
 from lmsp_tray.desktop.system import (
     Clipboard,
     ClipboardError,
@@ -174,7 +175,7 @@ class TrayApp:
         self._quit_requested = False
         self._poller: threading.Thread | None = None
         self._snapshot_failing = False
-        self._slots: dict[str, int] = {}  # notification kind -> its last id (a new one replaces it)
+        self.notices = Notices(notifier, self._balloon)
         self._not_shown_reported = False
         self.state = self._overlay(self._safe_snapshot())
         self._service_notice: str | None = None  # the first poll announces a notice there at start
@@ -398,44 +399,18 @@ class TrayApp:
         on_closed: Callback | None = None,
         critical: bool = False,
     ) -> int | None:
-        """A desktop notification where the platform has one; never raises.
-
-        Each `kind` has its own notification: a new one of the same kind replaces the last
-        (two "Loaded …" in a row), other kinds are never replaced (a pairing request stays under a
-        "Copied …"). `kind=None` is always a new one. Returns its id where known.
-        """
-        notifier = self.notifier
-        if notifier is not None:
-            try:
-                if notifier.available():
-                    from lmsp_tray.desktop.notify import CRITICAL, NORMAL
-
-                    replaces = self._slots.get(kind, 0) if kind else 0
-                    nid = notifier.notify(
-                        title,
-                        body,
-                        actions=actions,
-                        on_action=on_action,
-                        on_closed=on_closed,
-                        replaces=replaces,
-                        urgency=CRITICAL if critical else NORMAL,
-                    )
-                    if nid and kind:
-                        self._slots[kind] = nid
-                    if nid is not None:
-                        return nid
-            except Exception as exc:  # noqa: BLE001
-                log.debug("notification not shown: %s", exc)
-        try:
-            if getattr(self.icon, "HAS_NOTIFICATION", False):
-                self.icon.notify(body, title)
-        except Exception as exc:  # noqa: BLE001 - no notification daemon is not an error
-            log.debug("notification not shown: %s", exc)
-        return None
+        """A desktop notification where the platform has one; never raises (see `notify.Notices`)."""
+        return self.notices.send(
+            body, title=title, kind=kind, actions=actions, on_action=on_action, on_closed=on_closed, critical=critical
+        )
 
     def close_notification(self, nid: int | None) -> None:
-        if self.notifier is not None and nid:
-            self.notifier.close(nid)
+        self.notices.close(nid)
+
+    def _balloon(self, body: str, title: str) -> None:
+        """pystray's own notification (Windows' balloon) where no D-Bus notifier answers."""
+        if getattr(self.icon, "HAS_NOTIFICATION", False):
+            self.icon.notify(body, title)
 
     def show_yourself(self) -> None:
         """Bring lmsp-tray forward (a second launch asked): open the menu, else say where it is."""
