@@ -233,7 +233,10 @@ def test_frozen_program_serves_the_demo_model_from_its_tray(frozen, tmp_path):
         env.update(DISPLAY=x.display_name, NO_AT_BRIDGE="1", GDK_BACKEND="x11", DBUS_SESSION_BUS_ADDRESS="disabled:")
         out_file = tmp_path / "frozen-tray.log"
         with out_file.open("w") as out:
-            proc = subprocess.Popen([str(frozen)], env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
+            # Bare, but on a free port: 7373 may be taken by something else on a test machine.
+            proc = subprocess.Popen(
+                [str(frozen), "--port", "0"], env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT
+            )
         try:
             url = service_url(tmp_path, proc, timeout=300)
             window = wait_for(x.tray_icons, 60, "the frozen program's tray icon")[0]

@@ -583,6 +583,10 @@ class TrayApp:
 
         try:
             status_icon.connect("size-changed", on_size_changed)
+            from gi.repository import GLib
+
+            # This runs on pystray's setup thread: the panel may have sized the icon already.
+            GLib.idle_add(lambda: status_icon.is_embedded() and on_size_changed(status_icon, status_icon.get_size()))
         except Exception as exc:  # noqa: BLE001
             log.debug("no size-changed signal: %s", exc)
 
