@@ -3,7 +3,7 @@
 The drawings live in `lmsp_tray/desktop/icons.py` (the tray can draw them itself
 when `assets/` is not installed); this script renders them per size:
 
-- `lmsp-tray-<state>-<size>.png` for the 4 states at 16, 22, 24, 32, 48, 64 px
+- `lmsp-tray-<state>-<size>.png` for the 5 states at 16, 22, 24, 32, 48, 64 px
   (the tray icons),
 - `lmsp-tray.png` (256 px) and `lmsp-tray-<size>.png` (app icon for launchers),
 - `lmsp-tray.ico` (Windows: 16-256 px) and `lmsp-tray.icns` (macOS: 16-1024 px),
@@ -23,7 +23,7 @@ sys.path.insert(0, str(HERE.parent))
 from PIL import Image
 
 from lmsp_tray.desktop.icons import APP_SIZES, TRAY_SIZES, draw_icon, icon_filename
-from lmsp_tray.desktop.menu import ACTIVITIES, IDLE
+from lmsp_tray.desktop.menu import ACTIVITIES, READY
 
 
 def preview(icons: dict[tuple[str, int], Image.Image]) -> Image.Image:
@@ -46,7 +46,7 @@ def main() -> int:
     icons = {(a, s): draw_icon(a, s) for a in ACTIVITIES for s in TRAY_SIZES}
     for (activity, size), image in icons.items():
         image.save(HERE / icon_filename(activity, size), optimize=True)
-    app = {s: draw_icon(IDLE, s) for s in APP_SIZES}
+    app = {s: draw_icon(READY, s) for s in APP_SIZES}  # the app icon: a model ready to answer
     for size in (48, 128):
         app[size].save(HERE / f"lmsp-tray-{size}.png", optimize=True)
     app[256].save(HERE / "lmsp-tray.png", optimize=True)

@@ -128,6 +128,7 @@ class Config:
     housekeeping_interval: float | None = None  # None: from event_retention (1 s .. 10 min)
     allowed_origins: list[str] = field(default_factory=list)
     demo_model: bool = True  # assemble the embedded demo model when no other model exists
+    keyring_retry: float | None = 30.0  # after a keyring failure, try it again this often; None: never
 
     def with_overrides(self, **overrides: Any) -> Config:
         """A copy with the non-None overrides applied (command-line options)."""
@@ -143,10 +144,22 @@ def load_config(paths: Paths) -> Config:
     path = paths.config_file
     if not path.exists():
         return Config()
+    fix = "fix or remove it (every setting is optional)"
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        data = path.read_bytes()
+    except IsADirectoryError:
+        raise ConfigError(f"{path} is a folder, not a settings file; {fix}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path} cannot be read ({exc.strerror or exc}); {fix}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        kind = "UTF-16 text" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else "not UTF-8 text (perhaps a binary file)"
+        raise ConfigError(f"{path} is {kind}; TOML settings must be UTF-8 text: save it as UTF-8, or {fix}") from None
+    try:
+        raw = tomllib.loads(text.removeprefix("\ufeff"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML ({exc}); {fix}") from None
     return config_from_mapping(raw, source=str(path))
 
 
@@ -155,14 +168,31 @@ def config_from_mapping(raw: Mapping[str, Any], *, source: str = "config") -> Co
     for key, value in raw.items():
         name = key.replace("-", "_")
         if name not in _FIELDS:
-            raise ConfigError(f"{source}: unknown setting {key!r}")
+            raise ConfigError(f"{source}: unknown setting {key!r}{_did_you_mean(name)}")
         values[name] = _coerce(name, value, source)
     return Config(**values)
 
 
+def _did_you_mean(name: str) -> str:
+    """ "; did you mean 'models_dirs'?" for a near miss of a known setting, else a pointer to the list."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(_FIELDS), n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    return "; the settings are listed in README.md under 'Files and configuration'"
+
+
 def _coerce(name: str, value: Any, source: str) -> Any:
     where = f"{source}: {name}"
-    if name in {"keep_alive", "event_retention", "stored_response_ttl", "task_ttl", "housekeeping_interval"}:
+    if name in {
+        "keep_alive",
+        "event_retention",
+        "stored_response_ttl",
+        "task_ttl",
+        "housekeeping_interval",
+        "keyring_retry",
+    }:
         seconds = parse_duration(value, name=where)
         if name in {"event_retention", "housekeeping_interval"} and seconds is None:
             raise ConfigError(f"{where}: must be a finite duration")

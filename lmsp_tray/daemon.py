@@ -21,6 +21,12 @@ cache discovery scans, sized by the same load planner and memory budget the
 models load with; a pulled model is rescanned into the catalog before its task
 ends. Downloads a stop or crash interrupted go back to the queue at start-up and
 resume with the server.
+
+Without a keyring the owner token of this run is written to the owner token
+file (`auth.vault.OwnerTokenFile`, in the runtime folder) once the socket
+serves, so `lmsp-tray tokens …` can reach the service; the keyring is tried
+again every `keyring_retry` seconds, and once it works the file goes and the
+discovery file names the new persistent owner token.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ import uvicorn
 from lmsp_tray import __version__
 from lmsp_tray.auth.pairing import Auth, PairingBroker
 from lmsp_tray.auth.tokens import StoreTokenRepository, TokenManager, TokenRepository
-from lmsp_tray.auth.vault import SecretVault
+from lmsp_tray.auth.vault import OwnerTokenFile, SecretVault, TokenFileError
 from lmsp_tray.config import Config, Paths
 from lmsp_tray.discovery.catalog import Catalog
 from lmsp_tray.discovery.sources import huggingface_hub_dir
@@ -54,7 +60,15 @@ from lmsp_tray.http.app import create_app
 from lmsp_tray.http.security import MAX_HEADER_BYTES
 from lmsp_tray.hub.fit import Machine
 from lmsp_tray.hub.pull import Puller
-from lmsp_tray.instance import remove_discovery_file, write_discovery_file
+from lmsp_tray.instance import (
+    SERVICE,
+    InstanceBusy,
+    InstanceLock,
+    read_info,
+    remove_discovery_file,
+    write_discovery_file,
+    write_info,
+)
 from lmsp_tray.protocol.downloads import KIND as DOWNLOAD_KIND
 from lmsp_tray.serving.conversations import Conversations
 from lmsp_tray.serving.downloads import DownloadTasks
@@ -140,6 +154,17 @@ class StoreSettings:
         )
 
 
+def claim(paths: Paths) -> InstanceLock:
+    """Take this home's instance lock, or raise `InstanceBusy` naming who holds it."""
+    lock = InstanceLock(paths)
+    if not lock.acquire():
+        holder = read_info(paths)
+        who = f" (pid {holder.pid}{', ' + holder.url if holder.url else ''})" if holder else ""
+        raise InstanceBusy(f"another lmsp-tray uses the data folder {paths.data_dir}{who}")
+    write_info(paths, SERVICE)
+    return lock
+
+
 class Daemon:
     def __init__(
         self,
@@ -149,10 +174,13 @@ class Daemon:
         catalog: Any,
         vault: SecretVault | None = None,
         token_repository: TokenRepository | None = None,
+        lock: InstanceLock | None = None,
     ) -> None:
         self.paths = paths
         self.config = config
         self.catalog = catalog
+        # One instance per home: the lock (the CLI's, taken earlier, or our own) before the database.
+        self.lock = lock if lock is not None else claim(paths)
         self.runtime = Runtime()
         self.models = ModelManager(
             self.runtime,
@@ -167,11 +195,16 @@ class Daemon:
             capabilities=Capabilities((*Capabilities().names, "conversations")),
         )
         self.store_settings = settings = StoreSettings.from_config(config)
-        self.db = Database(paths.database)
+        try:
+            self.db = Database(paths.database)
+        except BaseException:
+            self.lock.release()
+            raise
         try:
             self._queued = recover(self.db)  # before anything is served
         except BaseException:
             self.db.close()
+            self.lock.release()
             raise
         last_used = LastUsedBatcher()
         self.housekeeper = Housekeeper(
@@ -185,7 +218,11 @@ class Daemon:
         ).start()
         tokens = TokenManager(token_repository or StoreTokenRepository(self.db, last_used), vault or SecretVault())
         tokens.ensure_owner()
+        tokens.add_keyring_listener(self._keyring_changed)
         self.auth = Auth(tokens=tokens, pairings=PairingBroker(tokens))
+        self.owner_token_file = paths.runtime_dir / "owner-token"
+        self._keyring_stop = threading.Event()
+        self._keyring_thread: threading.Thread | None = None
         self.conversations = Conversations(self.db)
         self.idempotency = Idempotency(self.db, ttl_s=settings.idempotency_ttl_s)
         self.responder = Responder(
@@ -309,8 +346,11 @@ class Daemon:
         while not server.started and not serve_task.done():
             await asyncio.sleep(0.01)
         if server.started and self.url:
+            self._publish_owner_token()
+            write_info(self.paths, SERVICE, url=self.url)  # the CLI finds us here, whatever its runtime folder
             write_discovery_file(self.paths, self.url, self._discovery_owner_id())
             self.watcher.start()
+            self._start_keyring_retry()
             log.info("lmsp-tray %s serving %s", __version__, self.url)
         self._started.set()
         try:
@@ -383,12 +423,57 @@ class Daemon:
         if self._closed:
             return
         self._closed = True
+        self._keyring_stop.set()
         remove_discovery_file(self.paths)
+        if self.auth.tokens.owner_ephemeral:
+            OwnerTokenFile(self.owner_token_file).remove()
         self.watcher.stop()
         self.models.close()
         self.runtime.close()
         self.housekeeper.stop()
         self.db.close()  # commits whatever is still queued
+        self.lock.release()  # last: a new instance may open the database now
+
+    # -- the owner token without a keyring ---------------------------------------------------------
+    def _publish_owner_token(self) -> None:
+        """Without a keyring: the session owner token into the owner token file, for the CLI."""
+        tokens = self.auth.tokens
+        token_file = OwnerTokenFile(self.owner_token_file)
+        if not tokens.owner_ephemeral or not tokens.owner_secret:
+            token_file.remove()  # a stale one from a run that was killed
+            return
+        try:
+            token_file.write(tokens.owner_secret)
+            log.info(
+                "the keyring is unavailable: the owner token of this run is in %s (only you can read it)",
+                token_file.path,
+            )
+        except (OSError, TokenFileError) as exc:
+            log.warning("could not write the owner token file %s: %s", token_file.path, exc)
+
+    def _keyring_changed(self, error: Any) -> None:
+        """The keyring works again: the persistent owner token is in it now; drop the file."""
+        if error is not None or self._closed:
+            return
+        OwnerTokenFile(self.owner_token_file).remove()
+        if self.url:
+            write_discovery_file(self.paths, self.url, self._discovery_owner_id())
+
+    def _start_keyring_retry(self) -> None:
+        interval = self.config.keyring_retry
+        if not interval or self._keyring_thread is not None:
+            return
+
+        def run() -> None:
+            while not self._keyring_stop.wait(interval):
+                if self.auth.tokens.keyring_error is not None:
+                    try:
+                        self.auth.tokens.retry_keyring()
+                    except Exception:
+                        log.debug("keyring retry failed", exc_info=True)
+
+        self._keyring_thread = threading.Thread(target=run, name="lmsp-keyring-retry", daemon=True)
+        self._keyring_thread.start()
 
     def _discovery_owner_id(self) -> str | None:
         """The owner token's id for the discovery file (an id, not a secret: the CLI finds the

@@ -56,6 +56,7 @@ def start_menu_dump(app: Any, state_dir: Path, interval_ms: int = 100) -> None:
                 "title": app.icon.title,
                 "icon_size": app.icon_size,
                 "embedded": bool(status_icon is not None and status_icon.is_embedded()),
+                "tooltip": status_icon.get_tooltip_text() if status_icon is not None else None,
                 "toolkit": app.toolkit,
             }
             text = json.dumps(doc, ensure_ascii=False, sort_keys=True)

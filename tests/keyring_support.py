@@ -52,7 +52,26 @@ def tools_missing() -> str | None:
     return None
 
 
-def start_private_keyring() -> PrivateKeyring:
+# A session bus that starts no services on demand: without it, the first keyring call would
+# D-Bus-activate a gnome-keyring of its own (locked, no login keyring) before the test starts one.
+NO_ACTIVATION = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>session</type>
+  <listen>unix:tmpdir=/tmp</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow send_destination="*" eavesdrop="true"/>
+    <allow eavesdrop="true"/>
+    <allow own="*"/>
+  </policy>
+</busconfig>
+"""
+
+
+def start_private_keyring(*, daemon: bool = True) -> PrivateKeyring:
+    """A private bus with gnome-keyring on it (`daemon=False`: a bus that activates nothing, and no
+    keyring yet; `start_keyring_daemon` starts it later)."""
     home = Path(tempfile.mkdtemp(prefix="lmsp-keyring-"))
     env = {
         k: v
@@ -69,8 +88,12 @@ def start_private_keyring() -> PrivateKeyring:
     )
     (home / "run").mkdir(mode=0o700)
     (home / "data").mkdir()
+    config = ["--session"]
+    if not daemon:
+        (home / "bus.conf").write_text(NO_ACTIVATION)
+        config = [f"--config-file={home / 'bus.conf'}"]
     bus = subprocess.Popen(
-        ["dbus-daemon", "--session", "--nofork", "--nopidfile", "--print-address=1"],
+        ["dbus-daemon", *config, "--nofork", "--nopidfile", "--print-address=1"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         env=env,
@@ -81,7 +104,29 @@ def start_private_keyring() -> PrivateKeyring:
     if not address:
         bus.kill()
         raise RuntimeError("dbus-daemon did not print its address")
-    env["DBUS_SESSION_BUS_ADDRESS"] = address
+    keyring = PrivateKeyring(address, home, bus, None)
+    if daemon:
+        start_keyring_daemon(keyring)
+    return keyring
+
+
+def start_keyring_daemon(keyring: PrivateKeyring) -> None:
+    """gnome-keyring-daemon on the keyring's bus, unlocked, as a desktop session starts it at login."""
+    home = keyring.home
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DISPLAY", "WAYLAND_DISPLAY", "DBUS_SESSION_BUS_ADDRESS", "GNOME_KEYRING_CONTROL")
+    }
+    env.update(
+        {
+            "HOME": str(home),
+            "XDG_DATA_HOME": str(home / "data"),
+            "XDG_RUNTIME_DIR": str(home / "run"),
+            "XDG_CACHE_HOME": str(home / "cache"),
+            "DBUS_SESSION_BUS_ADDRESS": keyring.address,
+        }
+    )
     daemon = subprocess.Popen(
         ["gnome-keyring-daemon", "--foreground", "--unlock", "--components=secrets"],
         stdin=subprocess.PIPE,
@@ -93,11 +138,10 @@ def start_private_keyring() -> PrivateKeyring:
     assert daemon.stdin is not None
     daemon.stdin.write(PASSWORD)
     daemon.stdin.close()
-    keyring = PrivateKeyring(address, home, bus, daemon)
-    if not _wait_for_secret_service(address, daemon):
+    keyring._daemon = daemon
+    if not _wait_for_secret_service(keyring.address, daemon):
         keyring.stop()
         raise RuntimeError("gnome-keyring-daemon did not come up on the private bus")
-    return keyring
 
 
 def _wait_for_secret_service(address: str, daemon: subprocess.Popen, timeout: float = 20) -> bool:

@@ -28,7 +28,7 @@ class MemoryVault:
     def check(self) -> None:
         pass
 
-    def store(self, token_id: str, secret: str) -> None:
+    def store(self, token_id: str, secret: str, label: str | None = None) -> None:
         self.entries[token_id] = secret
 
     def load(self, token_id: str) -> str | None:

@@ -85,7 +85,7 @@ def test_no_display_one_line_then_headless(env, models_dir, tmp_path):
     assert lines == [
         (
             f"lmsp-tray: no display (DISPLAY and WAYLAND_DISPLAY are not set) \u2014 running headless "
-            f"without a tray icon; serving {url}. Stop it with Ctrl+C."
+            f"without a tray icon; serving {url}. Stop it with Ctrl+C or `lmsp-tray stop`."
         )
     ]
     assert "from the system tray" not in text and "Traceback" not in text
@@ -95,6 +95,6 @@ def test_display_that_does_not_answer_one_line_then_headless(env, models_dir, tm
     env["DISPLAY"] = unused_display()
     url, text = run_bare(env, models_dir, tmp_path)
     lines = [line for line in text.splitlines() if "headless" in line]
-    assert len(lines) == 1 and lines[0].startswith("lmsp-tray: the system tray is not available (")
+    assert len(lines) == 1 and lines[0].startswith(f"lmsp-tray: the X display {env['DISPLAY']} does not answer")
     assert url in lines[0]
     assert "from the system tray" not in text and "Traceback" not in text

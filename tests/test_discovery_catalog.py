@@ -177,8 +177,7 @@ def test_ids_and_sources(world: World, scanned: tuple[Catalog, dict[str, ModelEn
         "cpp-tiny:1m-f16": "llama.cpp",
         "bad-magic": "custom",
         "renamed-page": "custom",
-        "truncated": "custom",
-        "short-weights": "custom",
+        "tiny-test:1m-f32": "custom",  # short-weights.gguf: its header is whole, so it has its final id
         "split-model:1m-f32": "custom",
         "broken-split:1m-f32": "custom",
         "my-model-v2-final": "custom",
@@ -239,21 +238,27 @@ def test_bad_files_are_error_entries_and_the_scan_goes_on(
     catalog, by_id = scanned
     errors = {i: e.error for i, e in by_id.items() if e.error}
     assert not any(str(world.custom) in m or str(world.home) in m for m in errors.values())  # clients see these
-    assert "not a GGUF file" in errors["bad-magic"]
+    assert "not a GGUF model file" in errors["bad-magic"] and "the bytes 00 01 02 03" in errors["bad-magic"]
     assert "HTML" in errors["renamed-page"]
-    assert "truncated" in errors["truncated"] and "metadata" in errors["truncated"]
-    assert "truncated" in errors["short-weights"] and "4,096 bytes" in errors["short-weights"]
+    short = by_id["tiny-test:1m-f32"]
+    assert short.path.name == "short-weights.gguf" and short.incomplete and short.info is not None
+    assert errors["tiny-test:1m-f32"].startswith("incomplete file, probably a download or copy")
+    assert "4,096 bytes" in errors["tiny-test:1m-f32"]
+    # A file cut inside its header is no model yet: no id (it would change once the header is there).
+    [cut] = catalog.incomplete_files()
+    assert cut.path.name == "truncated.gguf" and cut.source == "custom"
+    assert "truncated" in cut.error and "metadata" in cut.error and cut.error.startswith("incomplete file")
+    assert not any(e.path == cut.path for e in by_id.values())
     assert set(errors) == {
         "bad-magic",
         "renamed-page",
-        "truncated",
-        "short-weights",
+        "tiny-test:1m-f32",
         "ghost:1b",
         "garbled:v1",
         "broken-split:1m-f32",
         "lonely:1m-f32",
     }
-    assert all(e.info is None for i, e in by_id.items() if i in {"bad-magic", "renamed-page", "truncated"})
+    assert all(e.info is None for i, e in by_id.items() if i in {"bad-magic", "renamed-page"})
     report = catalog.last_report
     assert report is not None and report.errors == len(errors) and report.models == len(by_id)
     assert report.skipped == {"mmproj": 1, "vocab": 1, "adapter": 1}
@@ -406,3 +411,49 @@ def test_an_unexpected_reader_failure_costs_one_model(tmp_path: Path, monkeypatc
     assert by_id["doomed"].error == "could not read the GGUF header (RuntimeError)"
     monkeypatch.setattr(scan, "read_gguf_info", real)  # not cached: the next scan reads it again
     assert Catalog.from_config(paths, Config(models_dirs=[folder], default_dirs=False)).get("doomed:1m-f32")
+
+
+def test_a_file_being_copied_keeps_one_id_and_is_no_model_until_its_header_is_there(tmp_path: Path) -> None:
+    """A copy seen at every stage (as a folder watcher sees it): empty, header cut short, weights cut
+    short, complete. It never appears under a name it would lose: first it is an incomplete file
+    with no id at all, then (header whole) under the id it keeps once complete."""
+    source = write_tiny_gguf(tmp_path / "src" / "gemma-like.gguf", basename="gemma-3", size_label="270M", file_type=15)
+    data = source.read_bytes()
+    folder = tmp_path / "models"
+    folder.mkdir()
+    target = folder / "slow-copy.gguf"
+    paths = Paths(tmp_path / "c", tmp_path / "d", tmp_path / "cache", tmp_path / "r")
+    catalog = Catalog.from_config(
+        paths, Config(models_dirs=[folder], default_dirs=False), environ={}, home=tmp_path, include_system=False
+    )
+    header_end = kv_section_end(source)
+    seen: list[tuple[list[str], list[str]]] = []
+    for length in (0, 64, header_end // 2, header_end + 16, len(data) // 2, len(data) - 1, len(data)):
+        target.write_bytes(data[:length])
+        entries = catalog.scan()
+        seen.append(([e.id for e in entries], [f.path.name for f in catalog.incomplete_files()]))
+    final = "gemma-3:270m-q4_k_m"
+    assert seen[:3] == [([], ["slow-copy.gguf"])] * 3  # empty, cut inside the header: no model, no id
+    ids = {entry_ids[0] for entry_ids, _ in seen[4:]}
+    assert ids == {final}  # weights still missing, then complete: always the same id
+    assert all(not incomplete for _, incomplete in seen[4:])
+    [entry] = catalog.entries()
+    assert entry.ok and entry.path == target and not entry.incomplete
+
+
+def test_a_rescan_that_finds_the_same_is_not_logged_as_news(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    folder = tmp_path / "models"
+    write_tiny_gguf(folder / "a.gguf")
+    paths = Paths(tmp_path / "c", tmp_path / "d", tmp_path / "cache", tmp_path / "r")
+    catalog = Catalog.from_config(
+        paths, Config(models_dirs=[folder], default_dirs=False), environ={}, home=tmp_path, include_system=False
+    )
+    caplog.set_level("INFO", logger="lmsp_tray.discovery.catalog")
+    for _ in range(3):
+        catalog.scan()
+    assert [r.getMessage().split(" in ")[0] for r in caplog.records] == [
+        "discovery: 1 models (0 with errors, 0 incomplete files)"
+    ]
+    write_tiny_gguf(folder / "b.gguf", basename="b", size_label="1M", seed=4)
+    catalog.scan()
+    assert len(caplog.records) == 2 and "discovery: 2 models" in caplog.records[-1].getMessage()

@@ -11,7 +11,7 @@ import pytest
 from discovery_support import cut, kv_section_end, write_header_only, write_vocab_only
 from gguf_factory import CHATML_TEMPLATE, vocabulary, write_tiny_gguf
 
-from lmsp_tray.discovery.gguf_header import GGUFError, quantization_name, read_gguf_info
+from lmsp_tray.discovery.gguf_header import GGUFError, GGUFIncomplete, quantization_name, read_gguf_info
 
 
 @pytest.fixture(scope="module")
@@ -124,18 +124,20 @@ def _error(path: Path) -> str:
     ("content", "words"),
     [
         (b"", "empty file"),
-        (b"\x00\x01\x02\x03" * 64, "not a GGUF file"),
+        (b"\x00\x01\x02\x03" * 64, 'not a GGUF model file: it starts with the bytes 00 01 02 03 instead of "GGUF"'),
         (b"version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 123\n", "Git LFS pointer"),
         (b"<!DOCTYPE html><html><body>Not found</body></html>", "HTML"),
         (b"tjgg\x03\x00\x00\x00" + b"\x00" * 64, "old GGML/GGJT"),
-        (b"GGU", "not a GGUF file"),
+        (b"GGU", 'not a GGUF model file: it starts with "GGU" instead of "GGUF"'),
         (b"GGUF\x03\x00\x00\x00", "truncated"),
     ],
 )
 def test_not_gguf_files_say_what_they_are(tmp_path: Path, content: bytes, words: str) -> None:
     path = tmp_path / "x.gguf"
     path.write_bytes(content)
-    assert words in _error(path)
+    message = _error(path)
+    assert words in message
+    assert "b'" not in message and "\\x" not in message  # no Python reprs reach people
 
 
 @pytest.mark.parametrize(
@@ -168,8 +170,14 @@ def test_truncation_anywhere_in_the_header_is_reported(tiny: Path, tmp_path: Pat
 
 def test_truncated_weights_are_reported_without_reading_them(tiny: Path, tmp_path: Path) -> None:
     size = tiny.stat().st_size
-    message = _error(cut(tiny, tmp_path / "short.gguf", size - 1000))
-    assert "truncated file" in message and f"{size:,}" in message and "1,000 bytes" in message
+    path = cut(tiny, tmp_path / "short.gguf", size - 1000)
+    message = _error(path)
+    assert message.startswith("incomplete file, probably a download or copy that is still running or was cut short")
+    assert f"{size:,}" in message and "1,000 bytes" in message
+    # The header is whole, so its facts are known: the model keeps the id it has once complete.
+    with pytest.raises(GGUFIncomplete) as caught:
+        read_gguf_info(path)
+    assert caught.value.info is not None and caught.value.info.basename == read_gguf_info(tiny).basename
 
 
 def test_random_corruption_never_escapes_as_another_exception(tiny: Path, tmp_path: Path) -> None:
@@ -219,4 +227,4 @@ def test_gemma_header_with_262k_tokens(tmp_path: Path) -> None:
     assert info.chat_template is None
     with open(target, "r+b") as dst:
         dst.truncate(parts[0].stat().st_size)  # only the first of the four chunks
-    assert "truncated file" in _error(target)
+    assert "incomplete file" in _error(target)

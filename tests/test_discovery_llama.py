@@ -38,7 +38,7 @@ def test_discovered_models_load_in_llama_cpp(tmp_path: Path) -> None:
     paths = Paths(tmp_path / "c", tmp_path / "d", tmp_path / "cache", tmp_path / "r")
     catalog = Catalog.from_config(paths, Config(models_dirs=[custom]), environ={}, home=home, include_system=False)
     by_id = {e.id: e for e in catalog.scan()}
-    assert set(by_id) == {"hf-split:1m-f32", "tiny:1m", "short"}
+    assert set(by_id) == {"hf-split:1m-f32", "tiny:1m", "tiny-test:1m-f32"}  # short.gguf: its header's id
 
     split = by_id["hf-split:1m-f32"]
     assert split.ok and len(split.files) == 3 and split.info
@@ -47,7 +47,7 @@ def test_discovered_models_load_in_llama_cpp(tmp_path: Path) -> None:
     assert blob.ok and blob.path.parent.name == "blobs" and blob.info
     assert _load(blob.path) == blob.info.vocab_size
 
-    short = by_id["short"]
-    assert short.error and "truncated" in short.error
+    short = by_id["tiny-test:1m-f32"]
+    assert short.path.name == "short.gguf" and short.error and "truncated" in short.error and short.incomplete
     with pytest.raises(ValueError):
         _load(short.path)

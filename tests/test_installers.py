@@ -59,10 +59,27 @@ def test_install_help_and_bad_options():
     assert norepo.returncode == 1 and "no pyproject.toml" in norepo.stderr
 
 
+def checkout_copy(tmp_path: Path) -> Path:
+    """This checkout's files as git knows them (committed or not), in a fresh folder."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert listed.returncode == 0, listed.stderr
+    repo = tmp_path / "checkout"
+    for rel in listed.stdout.splitlines():
+        source = ROOT / rel
+        if source.is_file():
+            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, repo / rel)
+    return repo
+
+
 def test_linux_install_then_uninstall_for_real(tmp_path, tiny_gguf):
-    """install.sh into a temp HOME: venv, package, launcher, icons, systemd unit; idempotent; uninstall.sh."""
+    """install.sh into a temp HOME: venv, package, launcher, icons, systemd unit; idempotent; uninstall.sh
+    stops a running instance first and keeps the models people put in the models folder."""
     home = tmp_path / "home with space"
     home.mkdir()
+    repo = checkout_copy(tmp_path)
     cache = subprocess.run([sys.executable, "-m", "pip", "cache", "dir"], capture_output=True, text=True).stdout.strip()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "VIRTUAL_ENV", "PYTHON"))}
     env.update(HOME=str(home), PATH="/usr/local/bin:/usr/bin:/bin")
@@ -71,7 +88,7 @@ def test_linux_install_then_uninstall_for_real(tmp_path, tiny_gguf):
     python = pick_python()
 
     first = subprocess.run(
-        ["sh", str(LINUX / "install.sh"), "--python", python, "--systemd"],
+        ["sh", str(repo / "installers" / "linux" / "install.sh"), "--python", python, "--systemd"],
         env=env,
         capture_output=True,
         text=True,
@@ -79,6 +96,9 @@ def test_linux_install_then_uninstall_for_real(tmp_path, tiny_gguf):
     )
     print(first.stdout[-3000:], first.stderr[-3000:])
     assert first.returncode == 0
+    # The checkout is left as it was (the package is built from a temporary copy).
+    assert not (repo / "build").exists() and not list(repo.glob("*.egg-info"))
+    assert "the demo model (Gemma 3 270M) is installed" in first.stdout
 
     data = home / ".local" / "share"
     venv = data / "lmsp-tray" / "venv"
@@ -110,6 +130,9 @@ def test_linux_install_then_uninstall_for_real(tmp_path, tiny_gguf):
     parser.read(launcher)
     entry = parser["Desktop Entry"]
     assert entry["Icon"] == "lmsp-tray" and entry["Terminal"] == "false"
+    if shutil.which("desktop-file-validate"):
+        valid = subprocess.run(["desktop-file-validate", str(launcher)], capture_output=True, text=True)
+        assert valid.returncode == 0 and "error" not in valid.stdout + valid.stderr, valid.stdout + valid.stderr
     assert (data / "icons" / "hicolor" / "256x256" / "apps" / "lmsp-tray.png").is_file()
     if has_gi(sys.executable):
         import gi
@@ -132,7 +155,11 @@ def test_linux_install_then_uninstall_for_real(tmp_path, tiny_gguf):
     assert "start at login is off" in first.stdout
 
     again = subprocess.run(
-        ["sh", str(LINUX / "install.sh"), "--python", python], env=env, capture_output=True, text=True, timeout=1500
+        ["sh", str(repo / "installers" / "linux" / "install.sh"), "--python", python, "--no-demo"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
     )
     assert again.returncode == 0, again.stderr
     assert f"reusing {venv}" in again.stdout and program.is_file()
@@ -142,9 +169,17 @@ def test_linux_install_then_uninstall_for_real(tmp_path, tiny_gguf):
 
     (home / ".config" / "autostart").mkdir(parents=True)
     (home / ".config" / "autostart" / "lmsp-tray.desktop").write_text("[Desktop Entry]\n")
-    (data / "lmsp-tray" / "models").mkdir(exist_ok=True)  # the program made it when it ran above
-    gone = subprocess.run(["sh", str(LINUX / "uninstall.sh")], env=env, capture_output=True, text=True, timeout=120)
+    models = data / "lmsp-tray" / "models"  # the folder the tray tells people to use
+    models.mkdir(exist_ok=True)
+    mine = models / "my-own-model.gguf"
+    shutil.copy(tiny_gguf, mine)
+    (models / "gemma-3-270m-q4_k_m.gguf").write_bytes(b"GGUF stand-in for the assembled demo model")
+
+    # Uninstall while lmsp-tray runs: it is stopped first (cleanly), not left running from a deleted venv.
+    running = start_installed_program(program, env, tmp_path)
+    gone = subprocess.run(["sh", str(LINUX / "uninstall.sh")], env=env, capture_output=True, text=True, timeout=180)
     assert gone.returncode == 0, gone.stderr
+    assert running.wait(30) == 0 and "stopped lmsp-tray" in gone.stderr
     for path in (
         venv,
         link,
@@ -154,9 +189,39 @@ def test_linux_install_then_uninstall_for_real(tmp_path, tiny_gguf):
         data / "icons" / "hicolor" / "256x256" / "apps" / "lmsp-tray.png",
     ):
         assert not path.exists() and not path.is_symlink(), path
-    assert (data / "lmsp-tray" / "models").is_dir() and "kept your data" in gone.stdout
+    assert mine.is_file() and "kept your settings and data" in gone.stdout
+    # --purge removes settings and lmsp-tray's own data, the demo model too, never the models people put there.
     purge = subprocess.run(["sh", str(LINUX / "uninstall.sh"), "--purge"], env=env, capture_output=True, text=True)
-    assert purge.returncode == 0 and not (data / "lmsp-tray").exists()
+    assert purge.returncode == 0, purge.stderr
+    assert mine.is_file() and sorted(p.name for p in (data / "lmsp-tray").iterdir()) == ["models"]
+    assert [p.name for p in models.iterdir()] == [mine.name]
+    assert f"kept 1 file(s) in {models} (your models; --delete-models removes them)" in purge.stdout
+    assert not (home / ".config" / "lmsp-tray").exists()
+    # Only a separately named flag deletes them.
+    delete = subprocess.run(
+        ["sh", str(LINUX / "uninstall.sh"), "--purge", "--delete-models"], env=env, capture_output=True, text=True
+    )
+    assert delete.returncode == 0 and not (data / "lmsp-tray").exists()
+
+
+def start_installed_program(program: Path, env: dict[str, str], tmp_path: Path) -> subprocess.Popen:
+    """The installed program, headless, in the install's home; returns once it serves."""
+    run_env = {k: v for k, v in env.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    home = Path(run_env["HOME"])
+    with (tmp_path / "running.log").open("w") as out:
+        proc = subprocess.Popen(
+            [str(program), "serve", "--port", "0", "--no-default-dirs"],
+            env=run_env,
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 120
+    while not list(home.rglob("service.json")):
+        assert proc.poll() is None, (tmp_path / "running.log").read_text()
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    return proc
 
 
 def check_installed_program_serves(program: Path, env: dict[str, str], tmp_path: Path, model: Path) -> None:
@@ -224,9 +289,13 @@ def test_macos_launch_agent_template_is_what_autostart_writes(tmp_path):
 
 
 def test_pyinstaller_specs_compile_and_name_existing_files():
-    for spec in (ROOT / "installers" / "macos" / "lmsp-tray.spec", ROOT / "installers" / "windows" / "lmsp-tray.spec"):
+    """The three specs share one analysis (the Linux build proves it: tests/test_pyinstaller.py)."""
+    for name in ("linux", "macos", "windows"):
+        spec = ROOT / "installers" / name / "lmsp-tray.spec"
         source = spec.read_text()
         compile(source, str(spec), "exec")
+        assert "from pyinstaller_common import analysis_inputs" in source and "**analysis_inputs(ROOT, " in source
+        assert "hiddenimports=" not in source and "datas=" not in source  # nothing listed apart from the shared one
         for rel in re.findall(r'ROOT / "([^"]+)" / "([^"]+)"', source):
             assert (ROOT.joinpath(*rel)).exists(), f"{spec.name} names missing {'/'.join(rel)}"
     mac = (ROOT / "installers" / "macos" / "lmsp-tray.spec").read_text()

@@ -8,15 +8,23 @@ a secret written to a file.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from keyring_support import SECRET_SERVICE, start_private_keyring, tools_missing, working_session_keyring
+from keyring_support import (
+    SECRET_SERVICE,
+    start_keyring_daemon,
+    start_private_keyring,
+    tools_missing,
+    working_session_keyring,
+)
 from support import LiveDaemon, start_daemon
 
 from lmsp_tray.auth.tokens import OWNER_NAME, hash_secret
@@ -210,9 +218,10 @@ def test_no_backend(lmsp_home: Path, models_dir: Path, cli_env: dict[str, str]) 
     made = run_cli("tokens", "create", "--name", "nokeyring", "--scope", "models:read", env=env)
     _no_traceback(made)
     assert made.returncode == 0 and made.stdout.strip().startswith("lmsp_")
-    assert "not saved in the OS keyring" in made.stderr and "no keyring backend" in made.stderr
+    assert "keyring could not keep a copy" in made.stderr and "no keyring backend" in made.stderr
 
-    # A service started without a keyring works with a session owner token; the CLI explains what to do.
+    # A service started without a keyring works with a session owner token, which it hands the CLI
+    # in a file only this user can read (tests/test_tokens_no_keyring.py runs it as real processes).
     live = start_daemon(models_dir, vault=SecretVault(keyring.backends.fail.Keyring()))
     try:
         tokens = live.daemon.auth.tokens
@@ -221,7 +230,7 @@ def test_no_backend(lmsp_home: Path, models_dir: Path, cli_env: dict[str, str]) 
         assert all(r.id != tokens.owner_id for r in tokens.tokens())  # the session owner is in no database
         out = run_cli("tokens", "list", env=env)
         _no_traceback(out)
-        assert out.returncode == 1 and "LMSP_TRAY_TOKEN" in out.stderr
+        assert out.returncode == 0 and "nokeyring" in out.stdout
         out = run_cli("tokens", "list", env={**env, "LMSP_TRAY_TOKEN": made.stdout.strip()})
         assert out.returncode == 1 and "tokens:manage" in out.stderr  # refused: that token lacks the scope
         _no_traceback(out)
@@ -276,7 +285,7 @@ def test_locked_keyring(locked_keyring: str, lmsp_home: Path, models_dir: Path, 
         assert httpx.get(live.url + "/models", headers=live.auth_headers, timeout=30).status_code == 200
         out = run_cli("tokens", "list", env={**cli_env, "DBUS_SESSION_BUS_ADDRESS": locked_keyring})
         _no_traceback(out)
-        assert out.returncode == 1 and "LMSP_TRAY_TOKEN" in out.stderr
+        assert out.returncode == 0 and "lmsp-tray owner" not in out.stdout  # via the run's owner token file
     finally:
         live.stop()
     made = run_cli(
@@ -300,3 +309,68 @@ def test_no_secret_file_is_written_without_a_keyring(lmsp_home: Path, cli_env: d
     for path in lmsp_home.rglob("*"):
         if path.is_file():
             assert secret not in path.read_bytes(), path
+
+
+def _labels(address: str) -> dict[str, str]:
+    """username (token id) -> label of lmsp-tray's entries, read with secretstorage (libsecret's view)."""
+    import secretstorage
+    from jeepney.io.blocking import open_dbus_connection
+
+    conn = open_dbus_connection(address)
+    try:
+        items = secretstorage.get_default_collection(conn).search_items({"service": "lmsp-tray"})
+        return {item.get_attributes()["username"]: item.get_label() for item in items}
+    finally:
+        conn.close()
+
+
+def test_keyring_entries_carry_the_tokens_name(keyring_daemon: LiveDaemon, secret_service: str) -> None:
+    tokens = keyring_daemon.daemon.auth.tokens
+    issued = tokens.create("my-app", ["models:read"])
+    labels = _labels(secret_service)
+    assert labels[issued.record.id] == "lmsp-tray token: my-app"
+    assert labels[tokens.owner_id] == "lmsp-tray token: lmsp-tray owner"
+    assert real_vault().load(issued.record.id) == issued.secret  # read back by its attributes as before
+
+
+def test_the_keyring_recovers_by_itself(lmsp_home: Path, models_dir: Path) -> None:
+    """A session whose keyring starts after lmsp-tray (or is unlocked later): it notices, moves the
+    owner token into the keyring, drops the owner token file, and says so to its listeners."""
+    if tools_missing():
+        pytest.skip(tools_missing())
+    own = start_private_keyring(daemon=False)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("DBUS_SESSION_BUS_ADDRESS", own.address)
+            mp.delenv("DISPLAY", raising=False)
+            live = start_daemon(models_dir, vault=real_vault(), keyring_retry=0.2)
+            try:
+                tokens = live.daemon.auth.tokens
+                heard: list[object] = []
+                tokens.add_keyring_listener(heard.append)
+                assert tokens.owner_ephemeral and tokens.keyring_error is not None
+                token_file = live.daemon.owner_token_file
+                assert token_file.read_text().strip() == tokens.owner_secret
+                session_secret = tokens.owner_secret
+                discovery = json.loads(live.daemon.paths.discovery_file.read_text())
+                assert "owner_token_id" not in discovery
+
+                start_keyring_daemon(own)  # the keyring comes up
+                deadline = time.monotonic() + 30
+                while tokens.keyring_error is not None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert tokens.keyring_error is None and not tokens.owner_ephemeral and heard == [None]
+                assert real_vault().load(tokens.owner_id) == tokens.owner_secret
+                assert _labels(own.address)[tokens.owner_id] == "lmsp-tray token: lmsp-tray owner"
+                deadline = time.monotonic() + 10
+                while token_file.exists() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert not token_file.exists()
+                assert json.loads(live.daemon.paths.discovery_file.read_text())["owner_token_id"] == tokens.owner_id
+                for secret in (session_secret, tokens.owner_secret):  # the run's first token still works
+                    reply = httpx.get(live.url + "/models", headers={"Authorization": f"Bearer {secret}"}, timeout=30)
+                    assert reply.status_code == 200
+            finally:
+                live.stop()
+    finally:
+        own.stop()

@@ -8,18 +8,23 @@ from lmsp_tray.desktop.menu import (
     ERROR,
     IDLE,
     LOADING,
+    READY,
     SERVING,
     Action,
     ModelView,
     PairingView,
+    ProblemFile,
     TrayState,
     activity_for,
     build_menu,
     clean_text,
     find_item,
     human_size,
+    shorten,
+    status_text,
     tooltip,
     walk,
+    wrapped,
 )
 
 URL = "http://127.0.0.1:7373/lmsp/v1"
@@ -29,8 +34,8 @@ def models() -> tuple[ModelView, ...]:
     return (
         ModelView("gemma-3:270m-q4_k_m", 253_112_000, "Q4_K_M", "loaded"),
         ModelView("qwen3:14b-q4_k_m", 8_400_000_000, "Q4_K_M", "available"),
-        ModelView("llama:tiny", 524_288, "F32", "loading"),
-        ModelView("broken", 1200, None, "error", error="bad magic: not a GGUF file\nTraceback (most recent call last)"),
+        ModelView("llama:tiny", 524_288, "F32", "loading", file_name="tiny.gguf"),
+        ModelView("broken", 1200, None, "error", error="out of memory: needs 9 GB\nTraceback (most recent call last)"),
     )
 
 
@@ -61,7 +66,9 @@ def test_status_line_shows_url_and_loaded_count_and_copies_url():
     menu = build_menu(TrayState(url=URL, models=models()))
     first = menu[0]
     assert first.text == f"{URL} \u2014 1 of 4 models loaded"
-    assert first.action is Action.COPY_URL and first.default and first.enabled
+    assert first.action is Action.COPY_URL and first.enabled
+    # A left-click opens the menu: no item is the icon's default action (it used to copy the URL).
+    assert not any(i.default for i in walk(menu))
 
 
 def test_status_line_before_the_server_listens():
@@ -76,22 +83,43 @@ def test_models_submenu_lists_every_model_with_size_quantization_and_state():
     assert texts(sub) == [
         "gemma-3:270m-q4_k_m \u00b7 253 MB \u00b7 Q4_K_M",
         "qwen3:14b-q4_k_m \u00b7 8.4 GB \u00b7 Q4_K_M",
-        "llama:tiny \u00b7 524 KB \u00b7 F32 \u2014 Loading\u2026",
-        "broken \u00b7 1.2 KB \u2014 \u26a0 error: bad magic: not a GGUF file",
+        "llama:tiny \u00b7 524 KB \u00b7 F32 \u00b7 tiny.gguf \u2014 Loading\u2026",  # the file name is shown
+        "broken \u00b7 1.2 KB \u2014 \u26a0 could not load",
     ]
     loaded, available, loading, broken = sub
     assert (loaded.checked, loaded.action, loaded.arg) == (True, Action.UNLOAD_MODEL, "gemma-3:270m-q4_k_m")
     assert (available.checked, available.action, available.arg) == (False, Action.LOAD_MODEL, "qwen3:14b-q4_k_m")
     assert loading.enabled is False and loading.checked is False
-    assert broken.action is Action.LOAD_MODEL and broken.checked is False  # click retries
+    # A failed load opens the whole reason, then "Try again" (which loads).
+    assert texts(broken.submenu) == ["out of memory: needs 9 GB", "Try again"]  # never a traceback
+    retry = broken.find("Try again")
+    assert (retry.action, retry.arg) == (Action.LOAD_MODEL, "broken")
     assert find_item(menu, "Models").text == "Models (1/4 loaded)"
 
 
-def test_error_reason_is_one_short_line():
-    long = ModelView("m", 10, None, "error", error="x" * 500 + "\n\tmore")
-    item = find_item(build_menu(TrayState(models=(long,))), "Models").submenu[0]
-    reason = item.text.split("error: ", 1)[1]
-    assert len(reason) == 60 and reason.endswith("\u2026") and "more" not in item.text
+def test_a_long_reason_is_shown_whole_in_lines_cut_between_words():
+    reason = (
+        'not a GGUF model file: it starts with the bytes E2 BD CB 5F instead of "GGUF"; the file is '
+        "/home/ann/.local/share/lmsp-tray/models/some-very-long-folder-name/another-one/model.gguf"
+    )
+    item = find_item(build_menu(TrayState(models=(ModelView("m", 10, None, "error", error=reason),))), "Models")
+    lines = texts(item.submenu[0].submenu)[:-1]
+    assert " ".join(lines) == reason  # nothing lost
+    assert all(len(line) <= 72 or "/" in line for line in lines)
+    path = "/home/ann/.local/share/lmsp-tray/models/some-very-long-folder-name/another-one/model.gguf"
+    assert path in lines  # a path is never broken across lines
+
+
+def test_shorten_cuts_at_word_boundaries_never_inside_a_path():
+    text = "Could not open the models folder: no file manager answered; the folder is /home/ann/.local/share/x"
+    cut = shorten(text, 60)
+    assert cut == "Could not open the models folder: no file manager answered\u2026"
+    assert shorten("short", 60) == "short"
+    assert shorten("/home/ann/.local/share/lmsp-tray/models/broken-download.gguf is bad", 30) == (
+        "\u2026/models/broken-download.gguf"
+    )
+    assert shorten("a" * 100, 10) == "a" * 9 + "\u2026"  # one word with no path: the only place to cut
+    assert wrapped("one two three", 7) == ["one two", "three"]
 
 
 def test_generating_model_is_marked():
@@ -101,10 +129,28 @@ def test_generating_model_is_marked():
 
 
 def test_no_models_says_where_to_put_them():
-    menu = build_menu(TrayState(url=URL))
+    menu = build_menu(TrayState(url=URL, models_folder="~/.local/share/lmsp-tray/models"))
     sub = find_item(menu, "Models").submenu
-    assert texts(sub)[0] == "No models found" and all(not i.enabled for i in sub)
+    assert texts(sub)[0] == "No models yet" and all(not i.enabled for i in sub)
+    hint = " ".join(texts(sub)[1:])
+    assert "~/.local/share/lmsp-tray/models" in hint and "by themselves" in hint and "Rescan" not in hint
     assert find_item(menu, "Unload all").enabled is False
+
+
+def test_unusable_files_are_listed_apart_and_not_counted():
+    problems = (
+        ProblemFile("slow-copy.gguf", "incomplete file, probably a download or copy ...", "~/models", True),
+        ProblemFile("page.gguf", "not a GGUF model file: it looks like an HTML page", "~/models"),
+    )
+    state = TrayState(url=URL, models=models()[:2], problems=problems)
+    menu = build_menu(state)
+    assert menu[0].text.endswith("1 of 2 models loaded") and find_item(menu, "Models").text == "Models (1/2 loaded)"
+    files = find_item(menu, "Files that are not usable (2)")
+    assert texts(files.submenu) == ["slow-copy.gguf \u2014 incomplete", "page.gguf \u2014 not usable"]
+    first = files.submenu[0]
+    assert texts(first.submenu) == ["incomplete file, probably a download or copy ...", "In ~/models"]
+    assert all(i.separator or not i.enabled or i.submenu is not None for i in walk(files.submenu))  # no clicks
+    assert not any(i.text.startswith("Files") for i in build_menu(TrayState(url=URL)))
 
 
 def test_fixed_entries_in_order():
@@ -116,8 +162,10 @@ def test_fixed_entries_in_order():
         "Open models folder",
         "Copy access token",
         "Start at login",
+        "View logs",
         "Quit",
     ]
+    assert find_item(menu, "View logs").action is Action.VIEW_LOGS
     assert menu[-1].action is Action.QUIT and menu[-2].separator
     assert find_item(menu, "Unload all").action is Action.UNLOAD_ALL
     assert find_item(menu, "Rescan models").action is Action.RESCAN
@@ -175,12 +223,29 @@ def test_long_app_name_is_shortened():
 def test_notice_line_is_shown_under_the_status():
     menu = build_menu(TrayState(url=URL, notice="Could not load qwen: out of memory"))
     assert menu[1].text == "\u26a0 Could not load qwen: out of memory" and not menu[1].enabled
+    assert menu[1].submenu is None
+
+
+def test_a_long_notice_is_cut_between_words_and_shown_whole_one_level_down():
+    notice = (
+        "Keyring unavailable: no keyring backend is installed or running. Tokens still work; new secrets cannot "
+        "be saved. The owner token for the CLI is kept in /run/user/1000/lmsp-tray/owner-token (only you can "
+        "read it) until lmsp-tray stops."
+    )
+    item = build_menu(TrayState(url=URL, notice=notice))[1]
+    assert item.text.endswith("\u2026") and item.text[2:-1] in notice
+    cut = item.text[2:-1]
+    assert notice.startswith(cut) and notice[len(cut)] in " .,;:"  # cut between words
+    assert " ".join(texts(item.submenu)) == notice and "/run/user/1000/lmsp-tray/owner-token" in " ".join(
+        texts(item.submenu)
+    )
 
 
 def test_activity():
     assert activity_for(models()) == LOADING
     assert activity_for([ModelView("a", state="loaded", generating=True)]) == SERVING
-    assert activity_for([ModelView("a", state="loaded")]) == IDLE
+    assert activity_for([ModelView("a", state="loaded")]) == READY  # loaded and waiting: not idle
+    assert activity_for([ModelView("a")]) == IDLE
     assert activity_for([ModelView("a", state="error", error="bad")]) == IDLE
     assert activity_for([ModelView("a")], failed=True) == ERROR
 
@@ -190,6 +255,15 @@ def test_tooltip():
     assert "2 models loaded" in tooltip(TrayState(url=URL, models=(ModelView("a", state="loaded"),) * 2))
     assert "starting" in tooltip(TrayState())
     assert "\u26a0 port busy" in tooltip(TrayState(activity=ERROR, notice="port busy"))
+
+
+def test_status_text_for_icons_without_a_menu():
+    text = status_text(TrayState(url=URL, models=models(), notice="Keyring unavailable: locked"))
+    assert text.splitlines() == [
+        f"{URL} \u2014 1 of 4 models loaded",
+        "\u2713 gemma-3:270m-q4_k_m",
+        "\u26a0 Keyring unavailable: locked",
+    ]
 
 
 def test_equal_states_are_equal_and_hashable():
@@ -202,6 +276,7 @@ def test_equal_states_are_equal_and_hashable():
 def test_clean_text():
     assert clean_text("a\x00b\r\nc\u200b d  ", 10) == "a b c d"
     assert clean_text("abcdef", 4) == "abc\u2026"
+    assert clean_text("abc def ghi", 8) == "abc def\u2026"
 
 
 def test_too_many_models_are_capped():
@@ -214,6 +289,7 @@ def test_most_urgent():
     from lmsp_tray.desktop.menu import most_urgent
 
     assert most_urgent(IDLE, SERVING) == SERVING
+    assert most_urgent(IDLE, READY) == READY and most_urgent(READY, SERVING) == SERVING
     assert most_urgent(SERVING, LOADING, IDLE) == LOADING
     assert most_urgent(LOADING, ERROR) == ERROR
     assert most_urgent() == IDLE

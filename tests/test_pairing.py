@@ -190,13 +190,15 @@ def test_tray_listener_hears_requests_and_decisions(daemon: LiveDaemon) -> None:
 # -- the tray's side (in process, as the tray backend calls it) -------------------------------------
 def test_tray_sees_approves_and_announces_requests(daemon: LiveDaemon, tmp_path) -> None:
     from lmsp_tray.desktop.autostart import Autostart
-    from lmsp_tray.desktop.backend import DaemonTrayBackend, pairing_notification, tray_hooks
+    from lmsp_tray.desktop.backend import DaemonTrayBackend, pairing_text, tray_hooks
 
     autostart = Autostart.for_platform("linux", environ={}, home=tmp_path, command=["lmsp-tray"])
     hooks = tray_hooks(daemon.daemon)
     backend = DaemonTrayBackend(daemon.daemon, autostart, hooks)
-    announced: list[str] = []
-    hooks.subscribe_pairings(lambda view, *_: announced.append(pairing_notification(view) or ""))
+    announced: list[tuple[str, str]] = []
+    hooks.subscribe_pairings(
+        lambda view, *_: announced.append(pairing_text(view, buttons=False) if view.status == "pending" else ("", ""))
+    )
     p = ask(daemon, "Notes App", ["models:read", "responses:create"])
     [shown] = backend.snapshot().pairings
     assert (shown.id, shown.app_name, shown.scopes, shown.user_code) == (
@@ -207,12 +209,16 @@ def test_tray_sees_approves_and_announces_requests(daemon: LiveDaemon, tmp_path)
     )
     assert announced == [
         (
-            f"Notes App asks for a token (models:read, responses:create). Code {p['user_code']}: "
-            "approve or deny it in the lmsp-tray menu."
+            "\u201cNotes App\u201d asks for an lmsp-tray token",
+            (
+                f"It wants: models:read, responses:create. Check that the app shows the code {p['user_code']}. "
+                "Approve or deny it in the lmsp-tray menu (Pairing requests)."
+            ),
         )
     ]
+    assert pairing_text(shown, buttons=True)[1].endswith(f"code {p['user_code']}.")  # the buttons say the rest
     backend.approve_pairing(shown.id)
-    assert backend.snapshot().pairings == () and announced[-1] == ""  # decisions are not announced
+    assert backend.snapshot().pairings == () and announced[-1] == ("", "")  # decisions are not announced
     token = poll(daemon, p).json()["token"]
     assert token not in repr(backend.snapshot())  # the menu state never holds a secret
     assert backend.access_token() == daemon.owner_token
@@ -230,7 +236,12 @@ def test_tray_shows_keyring_trouble(lmsp_home, models_dir, tmp_path) -> None:
     try:
         autostart = Autostart.for_platform("linux", environ={}, home=tmp_path, command=["lmsp-tray"])
         state = DaemonTrayBackend(live.daemon, autostart, tray_hooks(live.daemon)).snapshot()
-        assert state.notice == "Keyring unavailable: no keyring backend is installed or running"
+        assert state.notice == (
+            "Keyring unavailable: no keyring backend is installed or running. Tokens still work; new secrets cannot "
+            f"be saved. The owner token for the CLI is kept in {live.daemon.owner_token_file} (only you can read it) "
+            "until lmsp-tray stops."
+        )
+        assert state.token_session_only
         assert state.token_available  # the session owner token still works for this run
     finally:
         live.stop()

@@ -126,12 +126,25 @@ def unknown_architecture(path: Path) -> Path:
 def test_unreadable_file_and_failed_load_are_errors_with_a_reason(backend, models_dir, client):
     (models_dir / "broken.gguf").write_bytes(b"PK\x03\x04" + b"\x00" * 64)
     unknown_architecture(write_tiny_gguf(models_dir / "odd-test.gguf", basename="odd-test", size_label="1M"))
+    (models_dir / "slow-copy.gguf").write_bytes(b"GGUF\x03\x00\x00\x00")  # a copy that has just begun
     backend.rescan()
     models = views(backend)
-    broken = next(m for m in models.values() if m.id.startswith("broken"))
-    assert broken.state == "error" and broken.error and "\n" not in broken.error
-    item = find_item(build_menu(backend.snapshot()), "Models").find(broken.id)
-    assert "\u26a0 error:" in item.text and item.action is Action.LOAD_MODEL
+    state = backend.snapshot()
+    # Files that are not models are listed apart, by file name, and not counted as models.
+    assert not any(m.id.startswith(("broken", "slow-copy")) for m in models.values())
+    problems = {p.file_name: p for p in state.problems}
+    assert set(problems) == {"broken.gguf", "slow-copy.gguf"}
+    assert (
+        problems["broken.gguf"].reason.startswith("not a GGUF model file") and "ZIP" in problems["broken.gguf"].reason
+    )
+    assert not problems["broken.gguf"].incomplete and problems["slow-copy.gguf"].incomplete
+    assert problems["slow-copy.gguf"].reason.startswith("incomplete file, probably a download or copy")
+    menu = build_menu(state)
+    assert menu[0].text.endswith(f"0 of {len(models)} models loaded")
+    files = find_item(menu, "Files that are not usable (2)")
+    assert [i.text for i in files.submenu] == ["broken.gguf \u2014 not usable", "slow-copy.gguf \u2014 incomplete"]
+    api_ids = {m["id"] for m in client.get("/models").json()["data"]}
+    assert "broken" in api_ids and not any(i.startswith("slow-copy") for i in api_ids)  # no id for an incomplete one
 
     odd = models["odd-test:1m-f32"]
     assert odd.state == "available"
@@ -142,7 +155,11 @@ def test_unreadable_file_and_failed_load_are_errors_with_a_reason(backend, model
     api = client.get(f"/models/{odd.id}").json()
     assert api["state"] == "error" and api["error"]["detail"] == odd.error
     item = find_item(build_menu(backend.snapshot()), "Models").find(odd.id)
-    assert "\u26a0 error: llama.cpp could not load" in item.text and item.action is Action.LOAD_MODEL  # retry
+    assert item.text.endswith("\u26a0 could not load")
+    reason = " ".join(i.text for i in item.submenu if not i.separator and i.action is None)
+    assert reason == odd.error and "llama.cpp could not load" in reason  # the whole reason, one level down
+    retry = item.find("Try again")
+    assert (retry.action, retry.arg) == (Action.LOAD_MODEL, odd.id)
     # Unloading a failed model clears the error.
     backend.unload_model(odd.id)
     assert views(backend)[odd.id].state == "available"

@@ -28,9 +28,11 @@ from support import SLOW_ID, SSE, TINY_ID, cli_token, iter_sse
 from tray_driver import TIMEOUT, TrayProcess, as_shown, shown
 from xvfb import ROOT, XSession, missing_tools, spec_keys, wait_for
 
+from lmsp_tray.desktop.backend import display_path, keyring_notice
 from lmsp_tray.desktop.menu import ModelView, TrayState, build_menu
 
-KEYRING_NOTICE = "Keyring unavailable: no keyring backend is installed or running"
+KEYRING_REASON = "no keyring backend is installed or running"
+FILES = {TINY_ID: "tiny-test-1m-f32.gguf", SLOW_ID: "slow-test.gguf"}  # as tests/conftest.py names them
 
 pytestmark = pytest.mark.skipif(bool(missing_tools()), reason=f"needs {', '.join(missing_tools())}")
 
@@ -140,9 +142,13 @@ def test_real_program_tray_drives_the_daemon(tray, xsession, models_dir):
         expected = build_menu(
             TrayState(
                 url=url,
-                models=tuple(ModelView(m["id"], m["size_bytes"], m["quantization"]) for m in models),
+                models=tuple(
+                    ModelView(m["id"], m["size_bytes"], m["quantization"], file_name=FILES[m["id"]]) for m in models
+                ),
                 token_available=True,
-                notice=KEYRING_NOTICE,
+                notice=keyring_notice(KEYRING_REASON, tray.lmsp_home / "run" / "owner-token"),
+                models_folder=display_path(tray.lmsp_home / "data" / "models"),
+                token_session_only=True,
             )
         )
         wait_for(lambda: shown(tray.menu()["items"]) == as_shown(expected), TIMEOUT, "the menu to match the API")

@@ -7,6 +7,7 @@ test_tray_xvfb.py.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -17,7 +18,14 @@ from pathlib import Path
 import pytest
 
 from lmsp_tray.desktop.menu import Action, ModelView, PairingView, TrayState, build_menu
-from lmsp_tray.desktop.system import Clipboard, ClipboardError, display_available, headless_message, open_folder
+from lmsp_tray.desktop.system import (
+    Clipboard,
+    ClipboardError,
+    OpenError,
+    display_available,
+    headless_message,
+    open_folder,
+)
 from lmsp_tray.desktop.tray import TrayApp, TrayUnavailable, default_icon_size, gtk_status_icon_size, pystray_menu
 from lmsp_tray.errors import ModelLoadFailed
 
@@ -58,7 +66,7 @@ class RecordingIcon:
         self.menu_updates += 1
 
     def notify(self, message, title=None):
-        self.notes.append(message)
+        self.notes.append(f"{title}: {message}")
 
     def stop(self):
         self.stopped.set()
@@ -241,7 +249,10 @@ def test_open_folder_runs_the_file_manager_or_says_where_it_is(tmp_path, monkeyp
     bindir = tmp_path / "bin"
     bindir.mkdir()
     monkeypatch.setenv("PATH", str(bindir))
-    with pytest.raises(FileNotFoundError, match="the folder is /srv/models"):
+    monkeypatch.delenv("DBUS_SESSION_BUS_ADDRESS", raising=False)
+    with pytest.raises(
+        OpenError, match="tried gio, xdg-open, the FileManager1 D-Bus service.* the folder is /srv/models$"
+    ):
         open_folder(Path("/srv/models"), platform="linux")
     record = tmp_path / "opened.txt"
     tool = bindir / "xdg-open"
@@ -272,7 +283,7 @@ def test_pystray_menu_mirrors_the_specs(pystray_pure):
     items = list(menu)
     texts = [i.text for i in items if i is not pystray_pure.Menu.SEPARATOR]
     assert texts[0].startswith(URL) and texts[-1] == "Quit"
-    assert items[0].default is True
+    assert not any(i.default for i in items)  # a left-click never copies anything
     models = next(i for i in items if i.text.startswith("Models")).submenu
     a, b = list(models)
     assert (a.checked, b.checked) == (True, False)
@@ -319,15 +330,28 @@ def test_clicks_run_off_the_gui_thread(app):
 def test_failed_action_becomes_notice_notification_and_error_icon(app):
     app.backend.fail["load_model"] = ModelLoadFailed("out of memory: needs 9 GB\nmore detail")
     app.perform(Action.LOAD_MODEL, "a")
-    assert app.icon.notes == ["\u26a0 Could not load a: out of memory: needs 9 GB"]
+    assert app.icon.notes == ["Could not load a: out of memory: needs 9 GB more detail"]  # the whole text
     app.poll_once()
-    assert app.state.activity == "error" and app.state.notice == "Could not load a: out of memory: needs 9 GB"
-    assert build_menu(app.state)[1].text == "\u26a0 Could not load a: out of memory: needs 9 GB"
+    whole = "Could not load a: out of memory: needs 9 GB more detail"
+    assert app.state.activity == "error" and app.state.notice == whole
+    assert build_menu(app.state)[1].text == f"\u26a0 {whole}"
     del app.backend.fail["load_model"]
     app.perform(Action.LOAD_MODEL, "a")  # a success clears it
     app.poll_once()
     assert app.state.activity != "error" and app.state.notice is None
-    assert app.icon.notes[-1] == "Loaded a"
+    assert app.icon.notes[-1] == "Loaded a: It answers requests now."
+
+
+def test_a_folder_that_will_not_open_is_a_notification_not_a_red_icon(app):
+    def refuse(path):
+        raise OpenError(f"no file manager answered (tried gio, xdg-open); the folder is {path}")
+
+    app.opener = refuse
+    app.perform(Action.OPEN_MODELS_FOLDER)
+    expected = f"no file manager answered (tried gio, xdg-open); the folder is {app.backend.folder}"
+    assert app.icon.notes == [f"Could not open the models folder: {expected}"]
+    app.poll_once()
+    assert app.state.activity != "error" and app.state.notice is None  # the path is in the notification, whole
 
 
 def test_snapshot_failure_is_shown_not_raised(app):
@@ -355,7 +379,7 @@ def test_each_action_calls_the_backend(app):
         ("approve_pairing", "p1"),
         ("deny_pairing", "p2"),
     ]
-    assert "Found 1 model" in app.icon.notes
+    assert "Rescanned the models folders: Found 1 model." in app.icon.notes
 
 
 def test_open_models_folder_creates_it(app):
@@ -367,11 +391,19 @@ def test_copy_token_goes_to_the_clipboard_only(app, caplog):
     caplog.set_level("DEBUG")
     app.perform(Action.COPY_TOKEN)
     assert app.clipboard.text == "lmsp_sk_SECRET"
-    assert app.icon.notes == ["Access token copied to the clipboard"]
+    assert app.icon.notes[0].startswith("Access token copied to the clipboard: Paste it into your app")
+    assert "until lmsp-tray stops" not in app.icon.notes[0]
     assert "lmsp_sk_SECRET" not in caplog.text and all("SECRET" not in n for n in app.icon.notes)
     app.backend.token = None
     app.perform(Action.COPY_TOKEN)
-    assert app.icon.notes[-1] == "\u26a0 Could not copy the access token: there is no access token yet"
+    assert app.icon.notes[-1] == "Could not copy the access token: there is no access token yet"
+
+
+def test_a_session_only_token_says_it_dies_with_this_run(app):
+    app.backend.state = dataclasses.replace(app.backend.state, token_session_only=True)
+    app.poll_once()
+    app.perform(Action.COPY_TOKEN)
+    assert "It works until lmsp-tray stops, because the OS keyring cannot keep it." in app.icon.notes[-1]
 
 
 def test_copy_url(app):

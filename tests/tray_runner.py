@@ -158,9 +158,10 @@ def main() -> int:
         format="%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s",
     )
     backend = FileBackend(state_dir)
+    from lmsp_tray.desktop.notify import Notifier
     from lmsp_tray.desktop.tray import TrayApp
 
-    app = TrayApp(backend, opener=lambda path: backend.record("open_folder", str(path)))
+    app = TrayApp(backend, opener=lambda path: backend.record("open_folder", str(path)), notifier=Notifier())
     start_menu_dump(app, state_dir)
     code = app.run()
     backend.record("exit", code)

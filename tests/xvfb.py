@@ -101,8 +101,11 @@ class Geometry:
 class XSession:
     """Xvfb + trayer. Use as a context manager; `env` is the environment for programs to test."""
 
-    def __init__(self, width: int = 800, height: int = 600, artifacts: Path = ARTIFACTS) -> None:
+    def __init__(
+        self, width: int = 800, height: int = 600, artifacts: Path = ARTIFACTS, *, tray_host: bool = True
+    ) -> None:
         self.width, self.height = width, height
+        self.with_tray_host = tray_host
         self.artifacts = artifacts
         self.display_name = ""
         self._procs: list[subprocess.Popen] = []
@@ -157,6 +160,11 @@ class XSession:
                 os.close(write_fd)
         self.display_name = f":{int(number.strip())}"
         wait_for(self._open_display, 30, f"X display {self.display_name}")
+        if self.with_tray_host:
+            self.start_tray_host()
+
+    def start_tray_host(self) -> None:
+        """trayer, the X11 system tray (XEmbed); waits until it owns the tray selection."""
         trayer = subprocess.Popen(
             [
                 "trayer",

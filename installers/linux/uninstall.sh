@@ -1,13 +1,17 @@
 #!/bin/sh
-# Remove what install.sh set up for the current user: the systemd --user unit
-# (stopped and disabled first), the start-at-login entry, the desktop launcher,
-# the icons, the `lmsp-tray` link and the virtual environment.
-# Models, settings, the task database and tokens are kept unless --purge is
-# given; --purge also removes ~/.local/share/lmsp-tray, ~/.config/lmsp-tray and
-# ~/.cache/lmsp-tray (model files found elsewhere are never touched; access
-# tokens stay in the OS keyring under the service name "lmsp-tray").
+# Remove what install.sh set up for the current user: a running lmsp-tray is stopped first
+# (`lmsp-tray stop`: open streams end cleanly), then the systemd --user unit (stopped and
+# disabled), the start-at-login entry, the desktop launcher, the icons, the `lmsp-tray` link
+# and the virtual environment.
+# Settings, the task database, tokens and models are kept unless asked:
+#   --purge          also remove settings, logs and lmsp-tray's own data (~/.config/lmsp-tray,
+#                    ~/.cache/lmsp-tray, ~/.local/share/lmsp-tray) and the demo model it assembled,
+#                    but NOT model files you put in ~/.local/share/lmsp-tray/models
+#   --delete-models  also delete the model files in ~/.local/share/lmsp-tray/models (yours too)
+# Model files found elsewhere (LM Studio, Ollama, Hugging Face …) are never touched; access
+# tokens stay in the OS keyring under the service name "lmsp-tray".
 #
-# Usage: uninstall.sh [--prefix DIR] [--purge]   (--prefix as given to install.sh)
+# Usage: uninstall.sh [--prefix DIR] [--purge] [--delete-models]   (--prefix as given to install.sh)
 set -eu
 
 say() { printf '%s\n' "lmsp-tray uninstall: $*"; }
@@ -15,11 +19,13 @@ die() { printf '%s\n' "lmsp-tray uninstall: error: $*" >&2; exit 1; }
 
 prefix=""
 purge=0
+delete_models=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --prefix) [ $# -ge 2 ] || die "--prefix needs a folder"; prefix=$2; shift 2 ;;
         --purge) purge=1; shift ;;
-        -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --delete-models) delete_models=1; shift ;;
+        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
 done
@@ -36,6 +42,18 @@ else
 fi
 cache_home=$home/.cache
 case "${XDG_CACHE_HOME:-}" in /*) cache_home=$XDG_CACHE_HOME ;; esac
+
+# A running lmsp-tray first: it must not go on from a deleted venv. `lmsp-tray stop` finds it
+# through its lock in the data folder and waits until it has ended.
+venv=$data_home/lmsp-tray/venv
+lock=$data_home/lmsp-tray/lmsp-tray.lock
+if [ -x "$venv/bin/lmsp-tray" ] && ! "$venv/bin/lmsp-tray" stop --timeout 60; then
+    # The program may not even run (a broken venv): only a held lock means something still runs.
+    if [ -e "$lock" ] && command -v flock >/dev/null 2>&1 && ! flock -n "$lock" true; then
+        die "lmsp-tray is still running and did not stop; quit it from its menu, then run this again"
+    fi
+    say "could not run 'lmsp-tray stop'; nothing holds its lock, so nothing runs"
+fi
 
 unit=$config_home/systemd/user/lmsp-tray.service
 if [ -f "$unit" ]; then
@@ -65,12 +83,32 @@ done
 if [ -L "$bin_dir/lmsp-tray" ] || [ -e "$bin_dir/lmsp-tray" ]; then
     remove "$bin_dir/lmsp-tray"
 fi
-remove "$data_home/lmsp-tray/venv"
+remove "$venv"
 command -v update-desktop-database >/dev/null 2>&1 && update-desktop-database -q "$data_home/applications" 2>/dev/null || true
 
+models=$data_home/lmsp-tray/models
+if [ "$delete_models" = 1 ]; then
+    remove "$models"
+fi
 if [ "$purge" = 1 ]; then
-    remove "$data_home/lmsp-tray" "$config_home/lmsp-tray" "$cache_home/lmsp-tray"
-else
-    [ -d "$data_home/lmsp-tray" ] && say "kept your data in $data_home/lmsp-tray (use --purge to remove it)"
+    remove "$config_home/lmsp-tray" "$cache_home/lmsp-tray"
+    # The demo model is lmsp-tray's own (assembled from its package); other model files are yours.
+    remove "$models/gemma-3-270m-q4_k_m.gguf" "$models/gemma-3-270m-q4_k_m.gguf.partial"
+    if [ -d "$data_home/lmsp-tray" ]; then
+        for path in "$data_home/lmsp-tray"/* "$data_home/lmsp-tray"/.[!.]*; do
+            [ -e "$path" ] || [ -L "$path" ] || continue
+            [ "$path" = "$models" ] && continue
+            remove "$path"
+        done
+        rmdir "$models" 2>/dev/null || true
+        rmdir "$data_home/lmsp-tray" 2>/dev/null || true
+    fi
+fi
+if [ -d "$models" ]; then
+    count=$(find "$models" -type f | wc -l | tr -d ' ')
+    say "kept $count file(s) in $models (your models; --delete-models removes them)"
+fi
+if [ "$purge" = 0 ] && [ -d "$data_home/lmsp-tray" ]; then
+    say "kept your settings and data in $data_home/lmsp-tray and $config_home/lmsp-tray (use --purge to remove them)"
 fi
 say "done"

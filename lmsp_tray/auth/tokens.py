@@ -12,18 +12,21 @@ updated by its own create/revoke, so a revocation is effective on the very
 next request and the keyring is never touched on the request path.
 
 The owner token (name ``lmsp-tray owner``, all scopes) is created at first
-start and kept in the keyring for the tray and the CLI.
+start and kept in the keyring for the tray and the CLI. Keyring entries are
+labelled with the token's name ("lmsp-tray token: my-app").
 
 Without a usable keyring (none installed, locked, no D-Bus) — the
 documented fallback:
 - checking tokens keeps working (hashes are in the database);
-- the daemon makes a *session owner token* that lives only in memory for
-  this run (the in-process tray uses it; it is in no file and no database);
-- `tokens create` still creates the token and prints its secret once, with a
-  warning on stderr that it could not be saved in the keyring;
-- the CLI reaches a running service with ``LMSP_TRAY_TOKEN`` (any token with
-  ``tokens:manage``), or, with the service stopped, acts on the data folder;
-- lmsp-tray never writes a secret to a file of its own.
+- the daemon makes a *session owner token* for this run: in memory (the
+  in-process tray uses it) and, for the CLI, in the owner token file
+  (`vault.OwnerTokenFile`: the runtime folder, 0600, removed at exit), never
+  in the database;
+- `lmsp-tray tokens create` reaches the running service with it and the
+  service makes the token — usable at once, its secret printed once;
+- the daemon tries the keyring again now and then (`retry_keyring`); once it
+  works, a persistent owner token goes there, the file goes, and listeners
+  (the tray) hear of it. The session token stays valid until the run ends.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from lmsp_tray.auth.vault import KeyringUnavailable, SecretVault
+from lmsp_tray.auth.vault import KeyringUnavailable, SecretVault, token_label
 from lmsp_tray.errors import Conflict, InvalidRequest, NotFound
 from lmsp_tray.ids import new_id
 from lmsp_tray.store import access_tokens as store_tokens
@@ -210,16 +213,59 @@ class TokenManager:
         self._owner_id: str | None = None
         self._owner_secret: str | None = None
         self._owner_ephemeral = False
-        self.keyring_error: KeyringUnavailable | None = None  # the last keyring failure (tray: `.reason`)
+        self._session: dict[str, TokenRecord] = {}  # session owner tokens of this run, by hash
+        self._keyring_error: KeyringUnavailable | None = None
+        self._keyring_listeners: list[Callable[[KeyringUnavailable | None], None]] = []
         self.reload()
+
+    # -- keyring state ---------------------------------------------------------------------------
+    @property
+    def keyring_error(self) -> KeyringUnavailable | None:
+        """The last keyring failure (tray: `.reason`), None while the keyring works."""
+        return self._keyring_error
+
+    @keyring_error.setter
+    def keyring_error(self, error: KeyringUnavailable | None) -> None:
+        was = self._keyring_error
+        self._keyring_error = error
+        if (was is None) != (error is None):
+            for listener in list(self._keyring_listeners):
+                try:
+                    listener(error)
+                except Exception:
+                    log.warning("keyring listener failed", exc_info=True)
+
+    def add_keyring_listener(self, listener: Callable[[KeyringUnavailable | None], None]) -> None:
+        """Call `listener(error)` when the keyring stops working, and `listener(None)` when it works again."""
+        self._keyring_listeners.append(listener)
+
+    def retry_keyring(self) -> bool:
+        """After a keyring failure: try it again; True when it works now (see the module docstring)."""
+        if self._keyring_error is None or self.vault is None:
+            return False
+        try:
+            self.vault.check()
+        except KeyringUnavailable as exc:
+            self._keyring_error = exc  # same outage (no listener call), newest reason
+            return False
+        if self._owner_ephemeral:
+            issued = self._issue(OWNER_NAME, SCOPES)
+            if not issued.in_keyring:  # it failed again between the check and the write
+                self._revoke(issued.record)
+                return False
+            self._set_owner(issued.record, issued.secret, ephemeral=False)
+            log.info("the keyring works again: the owner token %s is kept there", issued.record.id)
+        else:
+            self.keyring_error = None
+            log.info("the keyring works again")
+        return True
 
     # -- checking (request path: memory only) ---------------------------------------------------
     def reload(self) -> None:
         """Rebuild the in-memory map from the repository (at start; after outside changes)."""
         active = {r.secret_hash: r for r in self.repository.list() if not r.revoked}
         with self._lock:
-            keep = {h: r for h, r in self._by_hash.items() if r.id == self._owner_id and self._owner_ephemeral}
-            self._by_hash = {**active, **keep}
+            self._by_hash = {**active, **self._session}
 
     def authenticate(self, presented: str) -> TokenRecord | None:
         """The live token whose secret is `presented`, else None. Constant-time on the hash."""
@@ -230,7 +276,7 @@ class TokenManager:
             record = self._by_hash.get(digest)
         if record is None or not hmac.compare_digest(record.secret_hash, digest):
             return None
-        if not (self._owner_ephemeral and record.id == self._owner_id):
+        if digest not in self._session:
             self.repository.note_used(record.id, self.clock())
         return record
 
@@ -249,7 +295,7 @@ class TokenManager:
         try:
             if self.vault is None:
                 raise KeyringUnavailable("no keyring is configured", kind="no_backend")
-            self.vault.store(record.id, secret)
+            self.vault.store(record.id, secret, token_label(name))
         except KeyringUnavailable as exc:
             problem = str(exc)
             self.keyring_error = exc
@@ -361,6 +407,7 @@ class TokenManager:
         secret = generate_secret()
         record = TokenRecord(new_id("tok"), OWNER_NAME, SCOPES, self.clock(), hash_secret(secret))
         with self._lock:
+            self._session[record.secret_hash] = record
             self._by_hash[record.secret_hash] = record
         self._set_owner(record, secret, ephemeral=True)
         log.warning("using a session owner token for this run only (the keyring is unavailable)")

@@ -9,10 +9,18 @@ prompt waits for a person. `SecretVault` turns every one of them into
 the CLI and the tray can show one clear line instead of a traceback.
 
 Each token's secret is one keyring entry: service ``lmsp-tray``, username
-the token id (``tok_…``). Backends that would not keep a secret safely are
-refused rather than used: the `fail` and `null` backends (nothing kept) and
-plaintext file backends from ``keyrings.alt``. lmsp-tray never writes a
-secret to a file of its own; what happens without a keyring is described in
+the token id (``tok_…``); in the Secret Service (GNOME Keyring, KWallet's
+Secret Service) the entry is labelled with the token's name ("lmsp-tray
+token: my-app"), which is what Seahorse and similar keyring managers show.
+Backends that would not keep a secret safely are refused rather than used:
+the `fail` and `null` backends (nothing kept) and plaintext file backends from
+``keyrings.alt``.
+
+`OwnerTokenFile` is the one exception, for the one secret the service itself
+must hand to the CLI while no keyring works: the owner token of the current
+run, in a file in the per-user runtime folder (on Linux `$XDG_RUNTIME_DIR`, a
+tmpfs gone at logout) that only this user can read (folder 0700, file 0600,
+checked on read). What happens without a keyring is described in
 `lmsp_tray.auth.tokens`.
 
 Keyring calls block (0.1–0.3 s over D-Bus); they are never made on the
@@ -21,8 +29,13 @@ request path — bearer tokens are checked against hashes in memory.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import stat
+import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 SERVICE_NAME = "lmsp-tray"
@@ -39,9 +52,9 @@ _UNSAFE_BACKENDS = (
 
 HOW_TO_FIX = (
     "Start your desktop's keyring (GNOME Keyring/KWallet on Linux, the login Keychain on macOS, "
-    "Credential Manager on Windows) and unlock it, then try again. Without a keyring lmsp-tray keeps "
-    "working: it still checks tokens, but cannot remember new secrets — set LMSP_TRAY_TOKEN to a token "
-    "for the CLI, or stop the service and run `lmsp-tray tokens …` to act on the data folder directly."
+    "Credential Manager on Windows) and unlock it; lmsp-tray notices by itself. Meanwhile it keeps "
+    "working: it checks tokens as before, `lmsp-tray tokens create` still makes tokens (the secret is "
+    "printed once, keep it), and the CLI finds the running service's owner token in a file only you can read."
 )
 
 
@@ -79,6 +92,30 @@ def describe_failure(exc: BaseException) -> KeyringUnavailable:
     return KeyringUnavailable(f"the keyring failed ({name})")
 
 
+def _is_secret_service(backend: Any) -> bool:
+    return type(backend).__module__ == "keyring.backends.SecretService" and hasattr(backend, "get_preferred_collection")
+
+
+def _store_labelled(backend: Any, service: str, username: str, secret: str, label: str) -> None:
+    """What keyring's SecretService backend does in `set_password`, with our label instead of its
+    "Password for 'tok_…' on 'lmsp-tray'"; the attributes are the same, so reads and deletes match."""
+    from contextlib import closing
+
+    collection = backend.get_preferred_collection()
+    query = getattr(backend, "_query", None)
+    if callable(query):
+        attributes = query(service, username, application=backend.appid)
+    else:  # pragma: no cover - older keyring releases
+        attributes = {"application": backend.appid, "service": service, "username": username}
+    with closing(collection.connection):
+        collection.create_item(label, attributes, secret, replace=True)
+
+
+def token_label(name: str) -> str:
+    """The keyring entry's label for a token named `name`."""
+    return f"{SERVICE_NAME} token: {name}"
+
+
 class SecretVault:
     """Keeps token secrets in the OS keyring (service ``lmsp-tray``, one entry per token id)."""
 
@@ -99,8 +136,17 @@ class SecretVault:
         """Raise `KeyringUnavailable` unless a safe backend answers a read."""
         self._call(lambda: self._resolve().get_password(self.service, "lmsp-tray-probe"))
 
-    def store(self, token_id: str, secret: str) -> None:
-        self._call(lambda: self._resolve().set_password(self.service, token_id, secret))
+    def store(self, token_id: str, secret: str, label: str | None = None) -> None:
+        """Keep `secret` under `token_id`; `label` names the entry where the keyring shows names."""
+
+        def write() -> None:
+            backend = self._resolve()
+            if label and _is_secret_service(backend):
+                _store_labelled(backend, self.service, token_id, secret, label)
+            else:
+                backend.set_password(self.service, token_id, secret)
+
+        self._call(write)
 
     def load(self, token_id: str) -> str | None:
         return self._call(lambda: self._resolve().get_password(self.service, token_id))
@@ -158,3 +204,56 @@ class SecretVault:
         if "error" in box:
             raise describe_failure(box["error"]) from None
         return box["value"]
+
+
+class TokenFileError(Exception):
+    """The owner token file is missing, or not private to this user; `str()` says which."""
+
+
+class OwnerTokenFile:
+    """The owner token of this run, for the CLI, while no keyring can keep it (see the module doc).
+
+    Like Jupyter's `jpserver-<pid>.json` (its token, in a 0600 file in the user's runtime folder),
+    and unlike a plain dotfile: it lives in the runtime folder, holds a secret valid only while this
+    run lasts, and is removed when the service stops or the keyring works again.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, secret: str) -> None:
+        folder = self.path.parent
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if sys.platform != "win32":
+            info = os.stat(folder)
+            if info.st_uid != os.getuid():
+                raise TokenFileError(f"{folder} belongs to another user")
+            if stat.S_IMODE(info.st_mode) & 0o077:
+                os.chmod(folder, 0o700)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        fd = os.open(tmp, flags, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(secret + "\n")
+        os.replace(tmp, self.path)
+
+    def read(self) -> str:
+        """The secret; raises `TokenFileError` when there is none or it is not private to this user."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            raise TokenFileError(f"there is no owner token file at {self.path}") from None
+        except OSError as exc:
+            raise TokenFileError(f"cannot read {self.path}: {exc.strerror or exc}") from None
+        with os.fdopen(fd, "r", encoding="utf-8") as fh:
+            if sys.platform != "win32":
+                info = os.fstat(fh.fileno())
+                if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
+                    raise TokenFileError(f"{self.path} is readable by others or not yours; not using it")
+            return fh.read().strip()
+
+    def remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()

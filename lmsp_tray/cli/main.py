@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from lmsp_tray import __version__
+from lmsp_tray.cli.startup import Reporter, StartupError, claim_instance, second_launch
 from lmsp_tray.config import DEFAULT_PORT, Config, ConfigError, Paths, load_config, resolve_paths
+from lmsp_tray.instance import InstanceLock, ShowRequests
 
 log = logging.getLogger("lmsp_tray")
 
@@ -74,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     autostart = commands.add_parser("autostart", help="start lmsp-tray at login (off by default)")
     autostart.add_argument("action", choices=["enable", "disable", "status"])
 
+    stop = commands.add_parser("stop", help="stop the running lmsp-tray (as Quit in its menu does)")
+    stop.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for it to end (default 30)")
+
     from lmsp_tray.cli.pull import add_parser as add_pull_parser
     from lmsp_tray.cli.tokens import add_parser as add_tokens_parser
 
@@ -94,6 +99,7 @@ def setup_logging(paths: Paths, verbose: bool) -> None:
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S")
     console = logging.StreamHandler(sys.stderr)
     console.setFormatter(fmt)
+    console.addFilter(lambda record: not getattr(record, "file_only", False))  # said on stderr in its own words
     root.addHandler(console)
     try:
         paths.log_dir.mkdir(parents=True, exist_ok=True)
@@ -150,9 +156,11 @@ def cmd_models(paths: Paths, config: Config, args: argparse.Namespace) -> int:
     from lmsp_tray.daemon import build_catalog
     from lmsp_tray.engine.load_plan import context_window
 
-    entries = build_catalog(paths, config).scan()
+    catalog = build_catalog(paths, config)
+    entries = catalog.scan()
+    incomplete = catalog.incomplete_files()
     if args.json:
-        rows = [
+        rows: list[dict[str, Any]] = [
             {
                 "id": e.id,
                 "source": e.source,
@@ -163,44 +171,79 @@ def cmd_models(paths: Paths, config: Config, args: argparse.Namespace) -> int:
                 "context_length": context_window(e, config.context_cap),
                 "state": "error" if e.error else "available",
                 "error": e.error,
+                "incomplete": e.incomplete,
                 "path": str(e.path),
             }
             for e in entries
         ]
+        rows += [
+            {
+                "id": None,  # no model yet: its name comes from a header not all written
+                "source": f.source,
+                "size_bytes": f.size_bytes,
+                "state": "error",
+                "error": f.error,
+                "incomplete": True,
+                "path": str(f.path),
+            }
+            for f in incomplete
+        ]
         print(json.dumps(rows, indent=2, ensure_ascii=False))
         return 0
-    if not entries:
+    if not entries and not incomplete:
         print("No GGUF models found. Put .gguf files in", paths.models_dir, "or pass --models-dir DIR.")
         return 0
-    print(f"{'ID':<40} {'SIZE':>9} {'QUANT':<9} {'CONTEXT':>7}  {'SOURCE':<12} STATUS")
-    for e in entries:
+    usable = [e for e in entries if not e.error]
+    if usable:
+        print(f"{'ID':<40} {'SIZE':>9} {'QUANT':<9} {'CONTEXT':>7}  {'SOURCE':<12} FILE")
+    for e in usable:
         quant = (e.info.quantization if e.info else None) or "-"
-        status = f"error: {e.error}" if e.error else "available"
         print(
             f"{e.id:<40} {e.size_bytes / 1e6:>7.0f}MB {quant:<9} {context_window(e, config.context_cap):>7}  "
-            f"{e.source:<12} {status}"
+            f"{e.source:<12} {e.path.name if e.source != 'ollama' else '(Ollama)'}"
         )
+    broken: list[tuple[str, str, str | None]] = [(str(e.path), e.error or "", e.id) for e in entries if e.error]
+    broken += [(str(f.path), f.error, None) for f in incomplete]
+    if broken:
+        print(f"\n{len(broken)} file(s) are not usable models:")
+        for path, error, model_id in sorted(broken):
+            named = f" (listed as {model_id})" if model_id else ""
+            print(f"  {path}{named}\n    error: {error}")
     return 0
 
 
-def cmd_serve(paths: Paths, config: Config, args: argparse.Namespace, *, tray: bool) -> int:
+def cmd_serve(
+    paths: Paths,
+    config: Config,
+    args: argparse.Namespace,
+    *,
+    tray: bool,
+    show: ShowRequests,
+    reporter: Reporter,
+    lock: InstanceLock,
+) -> int:
+    """Serve for as long as asked (the per-home lock is already ours)."""
     from lmsp_tray.daemon import Daemon
-    from lmsp_tray.instance import find_running
+    from lmsp_tray.instance import SERVICE, answers, write_info
 
-    running = find_running(paths)
-    if running is not None:
-        print(f"lmsp-tray is already running at {running.url} (pid {running.pid}).")
-        return 0
+    first_run = not paths.database.exists()
     catalog = _catalog(paths, config, announce=True)
-    daemon = Daemon(paths, config, catalog=catalog)
+    daemon = Daemon(paths, config, catalog=catalog, lock=lock)
     try:
         sock = daemon.bind()
     except OSError as exc:
         daemon.close()
-        return _fail(
-            f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}. "
-            f"Another program uses this port; choose one with --port N or `port` in {paths.config_file}."
-        )
+        url = f"http://{config.host}:{config.port}/lmsp/v1"
+        if answers(url):
+            raise StartupError(
+                f"port {config.port} is used by another lmsp-tray, one with a different data folder (this one is "
+                f"{paths.data_dir}); stop it, or choose another port with --port N or `port` in {paths.config_file}."
+            ) from None
+        raise StartupError(
+            f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}. Another program uses this "
+            f"port; choose one with --port N or `port` in {paths.config_file}."
+        ) from None
+    write_info(paths, SERVICE, url=daemon.url)
     count = sum(1 for e in catalog.entries() if e.ok)
     if tray:
         from lmsp_tray.desktop.system import display_available, headless_message
@@ -208,14 +251,11 @@ def cmd_serve(paths: Paths, config: Config, args: argparse.Namespace, *, tray: b
         if display_available():
             from lmsp_tray.desktop.backend import run_tray
 
-            return run_tray(
-                daemon,
-                sock,
-                announce=f"lmsp-tray {__version__} serving {daemon.url} with {count} "
-                f"model(s) from the system tray. Quit from its menu or with Ctrl+C.",
-            )
-        print(headless_message(daemon.url), file=sys.stderr, flush=True)
+            return run_tray(daemon, sock, show=show, reporter=reporter, first_run=first_run, model_count=count)
+        show.set_handler(lambda: _headless_show(daemon.url, reporter))
+        reporter.notice(headless_message(daemon.url), summary="lmsp-tray runs without a tray icon", notify=False)
     else:
+        show.set_handler(lambda: _headless_show(daemon.url, reporter))
         print(
             f"lmsp-tray {__version__} serving {daemon.url} with {count} model(s). Stop with Ctrl+C.",
             file=sys.stderr,
@@ -223,6 +263,56 @@ def cmd_serve(paths: Paths, config: Config, args: argparse.Namespace, *, tray: b
         )
     daemon.serve_forever(sock)
     return 0
+
+
+def _headless_show(url: str | None, reporter: Reporter) -> None:
+    """A second launch while this instance serves without a tray: say so where the person looks."""
+    reporter.notify(
+        "lmsp-tray is already running",
+        f"It serves {url} without a tray icon (headless). Stop it with `lmsp-tray stop`.",
+    )
+
+
+def run_service(paths: Paths, args: argparse.Namespace, *, tray: bool) -> int:
+    """The tray or `serve`: claim the home, read the settings, serve; every failure is reported visibly."""
+    from lmsp_tray.instance import InstanceInfo, ShowRequests
+
+    reporter = Reporter(paths)
+    show = ShowRequests()
+    try:
+        claimed = claim_instance(paths, show)
+    except StartupError as exc:
+        return reporter.failure(str(exc), code=exc.code, summary=exc.summary)
+    if isinstance(claimed, InstanceInfo):
+        return second_launch(paths, claimed, reporter)
+    try:
+        config = _config(paths, args)
+        return cmd_serve(paths, config, args, tray=tray, show=show, reporter=reporter, lock=claimed)
+    except ConfigError as exc:
+        return reporter.failure(str(exc), code=2, summary="lmsp-tray could not start: a setting is wrong")
+    except StartupError as exc:
+        return reporter.failure(str(exc), code=exc.code, summary=exc.summary)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        from lmsp_tray.errors import LMSPError
+
+        text = exc.detail if isinstance(exc, LMSPError) else str(exc) or type(exc).__name__
+        if _is_damage(exc):
+            return reporter.failure(text)
+        log.exception("start-up failed")
+        return reporter.failure(f"an unexpected error stopped the start: {text}")
+    finally:
+        claimed.release()
+
+
+def _is_damage(exc: BaseException) -> bool:
+    """A damaged or unusable file (the store says which and what to do): no traceback needed."""
+    try:
+        from lmsp_tray.store import StoreError
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(exc, (StoreError, OSError))
 
 
 def cmd_autostart(args: argparse.Namespace) -> int:
@@ -237,22 +327,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "autostart":
         return cmd_autostart(args)
+    service = args.command in (None, "serve")
+    if args.command == "stop":  # creates nothing: uninstall.sh runs it in homes that may have no lmsp-tray folders
+        from lmsp_tray.cli.control import cmd_stop
+
+        return cmd_stop(resolve_paths(), args)
     try:
         paths = resolve_paths().ensure()
+    except OSError as exc:
+        message = f"cannot create lmsp-tray's folders: {exc.strerror or exc} ({getattr(exc, 'filename', '')})"
+        if service:
+            return Reporter(None).failure(message)
+        return _fail(message)
+    if service:
+        setup_logging(paths, args.verbose)  # first, so that every start-up failure reaches the log file
+        return run_service(paths, args, tray=args.command is None)
+    try:
         config = _config(paths, args)
     except ConfigError as exc:
         return _fail(str(exc), 2)
-    except OSError as exc:
-        return _fail(f"cannot create lmsp-tray's folders: {exc}")
     if args.command == "models":
         return cmd_models(paths, config, args)
-    if args.command == "tokens":
-        from lmsp_tray.cli.tokens import run as cmd_tokens
-
-        return cmd_tokens(paths, config, args)
     if args.command == "pull":
         from lmsp_tray.cli.pull import run as cmd_pull
 
         return cmd_pull(paths, config, args)
-    setup_logging(paths, args.verbose)
-    return cmd_serve(paths, config, args, tray=args.command is None)
+    from lmsp_tray.cli.tokens import run as cmd_tokens
+
+    return cmd_tokens(paths, config, args)

@@ -1,13 +1,22 @@
 """`lmsp-tray tokens …`: create, list and revoke tokens; approve or deny app pairings.
 
-Why a module of its own: the commands have two ways to act. While the
-service runs they call its API (so revocation reaches its in-memory check at
-once), authenticated with ``LMSP_TRAY_TOKEN`` if set, else with the owner
-token from the OS keyring (the discovery file names its id). With no service
-running they open the data folder directly. ``tokens create`` prints only
-the secret on stdout, so ``TOKEN=$(lmsp-tray tokens create …)`` works;
-everything else goes to stderr. No command ever prints a traceback or a
-secret other than the one just created.
+Why a module of its own: the commands have two ways to act, and must never
+pick the wrong one. Whether a service runs for this data folder is decided by
+the per-home lock (`lmsp_tray.instance`), not by a probe that a busy service
+or another terminal's `XDG_RUNTIME_DIR` could fool:
+
+- a service holds the lock: the commands call its API (so a new token works
+  and a revocation applies at once), at the URL the service published next to
+  the lock, authenticated with ``LMSP_TRAY_TOKEN`` if set, else with the owner
+  token from the OS keyring (the discovery file names its id), else — no
+  keyring — with the owner token file the service wrote for this run. A
+  service that does not answer is an error: nothing is made behind its back;
+- nobody holds it: the command takes the lock (so no service starts meanwhile)
+  and works on the data folder directly.
+
+``tokens create`` prints only the secret on stdout, so
+``TOKEN=$(lmsp-tray tokens create …)`` works; everything else goes to stderr.
+No command ever prints a traceback or a secret other than the one just created.
 """
 
 from __future__ import annotations
@@ -17,9 +26,11 @@ import json
 import logging
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from lmsp_tray.auth.tokens import SCOPES
@@ -70,30 +81,75 @@ def run(paths: Paths, config: Config, args: argparse.Namespace) -> int:
         return 1
 
 
-def _dispatch(paths: Paths, args: argparse.Namespace) -> int:
-    from lmsp_tray.instance import find_running
+LOCK_WAIT_S = 30.0
 
-    running = find_running(paths)
+
+def _dispatch(paths: Paths, args: argparse.Namespace) -> int:
+    from lmsp_tray.instance import COMMAND, SERVICE, InstanceLock, read_info, write_info
+
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        lock = InstanceLock(paths)
+        try:
+            got = lock.acquire()
+        except OSError as exc:
+            raise CommandError(f"cannot use the data folder {paths.data_dir}: {exc.strerror or exc}") from None
+        if got:
+            try:
+                write_info(paths, COMMAND)
+                return _direct(paths, args)
+            finally:
+                lock.release()
+        holder = read_info(paths)
+        if holder is not None and holder.role == SERVICE and holder.alive:
+            return _via_service(paths, holder, args)
+        if time.monotonic() > deadline:
+            raise CommandError(f"the data folder {paths.data_dir} is locked by another lmsp-tray command; try again")
+        time.sleep(0.05)
+
+
+def _service_url(paths: Paths, holder: Any) -> str:
+    """The running service's URL (it publishes it next to the lock once it listens)."""
+    from lmsp_tray.instance import answers, read_info
+
+    deadline = time.monotonic() + 15
+    info = holder
+    while info.url is None and time.monotonic() < deadline and info.alive:
+        time.sleep(0.1)
+        info = read_info(paths) or info
+    if info.url is None:
+        raise CommandError(
+            f"lmsp-tray is starting (pid {info.pid}) but does not listen yet; nothing was changed. Try again."
+        )
+    if not answers(info.url, timeout=5):
+        raise CommandError(
+            f"lmsp-tray runs for this data folder (pid {info.pid}) but does not answer at {info.url}; nothing "
+            "was changed, so no token was made that it would not know. Try again when it answers, or stop it "
+            "with `lmsp-tray stop` and run this command again."
+        )
+    return str(info.url)
+
+
+def _via_service(paths: Paths, holder: Any, args: argparse.Namespace) -> int:
     action = args.tokens_command
-    if running is not None:
-        api = ServiceAPI(running.url, _credentials(paths))
-        if action == "create":
-            doc = api.call("POST", "/auth/tokens", {"name": args.name, "scopes": args.scope})
-            return _created(doc["id"], doc["secret"], None if doc.get("in_keyring") else "")
-        if action == "list":
-            return _print_tokens(api.call("GET", "/auth/tokens")["data"], as_json=args.json)
-        if action == "revoke":
-            doc = api.call("POST", f"/auth/tokens/{_quote(args.id)}/revoke")
-            print(f"revoked {doc['id']} ({doc['name']})", file=sys.stderr)
-            return 0
-        if action in ("approve", "deny"):
-            doc = api.call("POST", f"/auth/pairings/{_quote(args.code)}/{action}")
-            verb = "approved" if action == "approve" else "denied"
-            print(f"{verb} {doc['app_name']!r} ({', '.join(doc['scopes'])}), code {doc['user_code']}", file=sys.stderr)
-            return 0
-        if action == "pairings":
-            return _print_pairings(api.call("GET", "/auth/pairings")["data"])
-    return _direct(paths, args)
+    api = ServiceAPI(_service_url(paths, holder), _credentials(paths, holder))
+    if action == "create":
+        doc = api.call("POST", "/auth/tokens", {"name": args.name, "scopes": args.scope})
+        return _created(doc["id"], doc["secret"], None if doc.get("in_keyring") else "")
+    if action == "list":
+        return _print_tokens(api.call("GET", "/auth/tokens")["data"], as_json=args.json)
+    if action == "revoke":
+        doc = api.call("POST", f"/auth/tokens/{_quote(args.id)}/revoke")
+        print(f"revoked {doc['id']} ({doc['name']})", file=sys.stderr)
+        return 0
+    if action in ("approve", "deny"):
+        doc = api.call("POST", f"/auth/pairings/{_quote(args.code)}/{action}")
+        verb = "approved" if action == "approve" else "denied"
+        print(f"{verb} {doc['app_name']!r} ({', '.join(doc['scopes'])}), code {doc['user_code']}", file=sys.stderr)
+        return 0
+    if action == "pairings":
+        return _print_pairings(api.call("GET", "/auth/pairings")["data"])
+    raise CommandError(f"unknown action {action!r}")
 
 
 # -- with no service: the data folder ------------------------------------------------------------
@@ -131,33 +187,36 @@ def _direct(paths: Paths, args: argparse.Namespace) -> int:
 
 
 # -- with a running service: its API ------------------------------------------------------------
-def _credentials(paths: Paths) -> str:
-    """LMSP_TRAY_TOKEN, else the owner token from the keyring (its id is in the discovery file)."""
-    from lmsp_tray.auth.vault import KeyringUnavailable, SecretVault
+def _credentials(paths: Paths, holder: Any) -> str:
+    """LMSP_TRAY_TOKEN, else the owner token from the keyring, else the owner token file."""
+    from lmsp_tray.auth.vault import KeyringUnavailable, OwnerTokenFile, SecretVault, TokenFileError
 
     token = os.environ.get(TOKEN_ENV, "").strip()
     if token:
         return token
+    runtime = Path(holder.runtime_dir) if holder.runtime_dir else paths.runtime_dir
     try:
-        owner_id = json.loads(paths.discovery_file.read_text(encoding="utf-8")).get("owner_token_id")
+        owner_id = json.loads((runtime / paths.discovery_file.name).read_text(encoding="utf-8")).get("owner_token_id")
     except (OSError, ValueError, AttributeError):
         owner_id = None
-    if not owner_id:
-        raise CommandError(
-            "the running service has no owner token in the OS keyring (the keyring was unavailable when it "
-            f"started). Set {TOKEN_ENV} to a token with the tokens:manage scope, or stop the service and run "
-            "this command again to act on the data folder directly."
-        )
+    keyring_problem = ""
+    if owner_id:
+        try:
+            secret = SecretVault().load(owner_id)
+        except KeyringUnavailable as exc:
+            secret, keyring_problem = None, str(exc.reason)
+        if secret:
+            return secret
+        keyring_problem = keyring_problem or "the owner token is missing from the OS keyring"
     try:
-        secret = SecretVault().load(owner_id)
-    except KeyringUnavailable as exc:
-        raise CommandError(f"cannot read the owner token: {exc}") from None
-    if not secret:
-        raise CommandError(
-            f"the owner token is missing from the OS keyring. Restart lmsp-tray to create a new "
-            f"one, or set {TOKEN_ENV} to a token with the tokens:manage scope."
-        )
-    return secret
+        return OwnerTokenFile(runtime / "owner-token").read()
+    except TokenFileError as exc:
+        file_problem = str(exc)
+    why = f"{keyring_problem}; " if keyring_problem else ""
+    raise CommandError(
+        f"cannot authenticate to the running lmsp-tray: {why}{file_problem}. Set {TOKEN_ENV} to a token with "
+        "the tokens:manage scope, or restart lmsp-tray (it makes a new owner token)."
+    )
 
 
 class ServiceAPI:
@@ -190,8 +249,8 @@ def _problem_line(exc: urllib.error.HTTPError) -> str:
         detail, code = None, None
     if code == "unauthorized":
         return (
-            f"the service refused the token ({detail}) — if {TOKEN_ENV} is set, check it; otherwise restart "
-            "lmsp-tray so it re-reads the owner token from the keyring."
+            f"the service refused the token ({detail}): if {TOKEN_ENV} is set, check it; otherwise restart "
+            "lmsp-tray, which makes a new owner token."
         )
     return f"{detail or exc.reason} ({code or exc.code})"
 
@@ -206,10 +265,14 @@ def _quote(part: str) -> str:
 def _created(token_id: str, secret: str, keyring_problem: str | None) -> int:
     print(secret)  # the only thing on stdout: TOKEN=$(lmsp-tray tokens create …)
     sys.stdout.flush()
-    print(f"created {token_id}; this is the only time its secret is shown.", file=sys.stderr)
+    print(f"created {token_id}; it works now, and this is the only time its secret is shown.", file=sys.stderr)
     if keyring_problem is not None:
-        why = f" because {keyring_problem}" if keyring_problem else ""
-        print(f"lmsp-tray: warning: the secret was not saved in the OS keyring{why}", file=sys.stderr)
+        why = f" ({keyring_problem})" if keyring_problem else ""
+        print(
+            f"lmsp-tray: note: the OS keyring could not keep a copy of the secret{why}; the printed secret is "
+            "the only one, so store it where your app reads it.",
+            file=sys.stderr,
+        )
     return 0
 
 

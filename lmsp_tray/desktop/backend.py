@@ -2,22 +2,26 @@
 
 `lmsp_tray.desktop.tray` knows nothing of the service; it talks to a `TrayBackend`.
 This module implements that protocol over the live `Daemon`, in process (no
-HTTP): the menu's model list is the catalog plus the `ModelManager`'s states,
-a click on a model calls `ModelManager.acquire` / `unload` directly (the
-tray runs clicks on worker threads, so a load may block for seconds), Rescan
-is the folder watcher's rescan, and Quit stops the daemon the same way
-SIGTERM does (open streams end with a terminal event, models unload, the
-discovery file goes).
+HTTP): the menu's model list is the catalog plus the `ModelManager`'s states
+(files that are not usable models are listed apart and not counted), a click on
+a model calls `ModelManager.acquire` / `unload` directly (the tray runs clicks on
+worker threads, so a load may block for seconds), Rescan is the folder watcher's
+rescan, and Quit stops the daemon the same way SIGTERM does (open streams end
+with a terminal event, models unload, the discovery file goes).
 
-`run_tray(daemon, sock)` is what the bare `lmsp-tray` command runs when a
-display is there: the tray on the main thread, the HTTP server on a
-background thread, and the menu redrawn as soon as the model manager or the
-folder watcher reports a change (the tray's 0.5 s poll catches the rest,
-e.g. a model starting to generate).
+`run_tray(daemon, sock, …)` is what the bare `lmsp-tray` command runs when a
+display is there: it chooses the tray backend (`toolkit.choose_backend`), runs
+the tray on the main thread and the HTTP server on a background thread, and
+redraws the menu as soon as the model manager or the folder watcher reports a
+change (the tray's 0.5 s poll catches the rest). It says "from the system tray"
+only once the icon is really shown; when no tray can show it, it says so in one
+line and a notification and serves headless. A second launch opens the menu.
 
 `TrayHooks` is the one place the daemon hands the tray its owner token,
-pairing requests and keyring trouble: see `tray_hooks()` below. A new
-pairing request also raises a desktop notification (app name, scopes, code).
+pairing requests and keyring trouble: see `tray_hooks()` below. A new pairing
+request raises a notification with Approve/Deny buttons where the notification
+server has actions (else it points to the menu); keyring trouble and its
+recovery raise one each.
 """
 
 from __future__ import annotations
@@ -36,8 +40,10 @@ from lmsp_tray.desktop.menu import (
     DownloadView,
     ModelView,
     PairingView,
+    ProblemFile,
     TrayState,
     clean_text,
+    full_reason,
     short_reason,
 )
 from lmsp_tray.errors import LMSPError, ModelNotFound
@@ -47,6 +53,8 @@ if TYPE_CHECKING:
 
     from lmsp_tray.daemon import Daemon
     from lmsp_tray.desktop.autostart import Autostart
+    from lmsp_tray.desktop.tray import TrayApp
+    from lmsp_tray.instance import ShowRequests
 
 log = logging.getLogger("lmsp_tray.desktop.tray")
 
@@ -65,6 +73,15 @@ class PairingLike(Protocol):
     def scopes(self) -> Sequence[str]: ...
     @property
     def user_code(self) -> str: ...
+
+
+class Reporter(Protocol):
+    """How the tray tells the person something before or without an icon (the CLI's `Reporter`):
+    a line on stderr, the log file and a desktop notification."""
+
+    def notice(self, message: str, *, summary: str, stream: str = "stderr", notify: bool = True) -> None: ...
+
+    def notify(self, summary: str, body: str, *, critical: bool = False) -> bool: ...
 
 
 def _no_token() -> str | None:
@@ -105,15 +122,28 @@ class TrayHooks:
     deny_pairing: Callable[[str], Any] = _no_pairing_action
     subscribe_pairings: Callable[[Callable[..., None]], None] = _no_subscription
     notice: Callable[[], str | None] = _no_notice  # a service-level problem to show on top of the menu
+    session_token: Callable[[], bool] = lambda: False  # the owner token dies with this run (no keyring)
+
+
+def keyring_notice(reason: str, token_file: Path | None) -> str:
+    """What the menu says while the keyring cannot be used (the whole text; the menu cuts it)."""
+    kept = (
+        f" The owner token for the CLI is kept in {token_file} (only you can read it) until lmsp-tray stops."
+        if token_file is not None
+        else ""
+    )
+    return f"Keyring unavailable: {reason}. Tokens still work; new secrets cannot be saved.{kept}"
 
 
 def tray_hooks(daemon: Daemon) -> TrayHooks:
     """The owner token, pairing requests and keyring trouble of a live daemon (`daemon.auth`)."""
     auth = daemon.auth
 
-    def keyring_notice() -> str | None:
+    def notice() -> str | None:
         error = auth.tokens.keyring_error
-        return None if error is None else f"Keyring unavailable: {error.reason}"
+        if error is None:
+            return None
+        return keyring_notice(error.reason, daemon.owner_token_file if auth.tokens.owner_ephemeral else None)
 
     return TrayHooks(
         access_token=lambda: auth.tokens.owner_secret,
@@ -121,19 +151,26 @@ def tray_hooks(daemon: Daemon) -> TrayHooks:
         approve_pairing=auth.pairings.approve,
         deny_pairing=auth.pairings.deny,
         subscribe_pairings=auth.pairings.add_listener,
-        notice=keyring_notice,
+        notice=notice,
+        session_token=lambda: auth.tokens.owner_ephemeral,
     )
 
 
-def pairing_notification(view: Any) -> str | None:
-    """The desktop notification for a new pairing request (None for other changes)."""
-    if getattr(view, "status", None) != "pending":
-        return None
+def pairing_text(view: Any, *, buttons: bool) -> tuple[str, str]:
+    """(title, body) of the notification for a pending pairing request."""
     scopes = ", ".join(clean_text(str(s), 32) for s in view.scopes) or "no scopes"
-    return (
-        f"{clean_text(view.app_name, 40)} asks for a token ({scopes}). Code {clean_text(view.user_code, 12)}: "
-        f"approve or deny it in the lmsp-tray menu."
-    )
+    name = clean_text(view.app_name, 40)
+    where = "" if buttons else " Approve or deny it in the lmsp-tray menu (Pairing requests)."
+    body = f"It wants: {scopes}. Check that the app shows the code {clean_text(view.user_code, 12)}.{where}"
+    return f"\u201c{name}\u201d asks for an lmsp-tray token", body
+
+
+def display_path(path: Path) -> str:
+    """`path` with the home folder written as ~."""
+    try:
+        return "~/" + str(path.resolve().relative_to(Path.home().resolve()))
+    except (ValueError, RuntimeError, OSError):
+        return str(path)
 
 
 def download_notification(status: Any) -> str | None:
@@ -165,7 +202,10 @@ class DaemonTrayBackend:
     def snapshot(self) -> TrayState:
         """The catalog's models with their live states; cheap (no disk reads but the autostart entry)."""
         d = self.daemon
-        models = tuple(self._model_view(entry) for entry in d.catalog.entries())
+        entries = d.catalog.entries()
+        models = tuple(self._model_view(entry) for entry in entries if not entry.error)
+        problems = [self._problem(e.path, e.error, e.incomplete) for e in entries if e.error]
+        problems += [self._problem(f.path, f.error, True) for f in d.catalog.incomplete_files()]
         enabled, supported = self._autostart_status()
         return TrayState(
             url=d.url,
@@ -175,6 +215,9 @@ class DaemonTrayBackend:
             pairings=self._pairings(),
             token_available=self._token_available(),
             notice=self._notice(),
+            problems=tuple(sorted(problems, key=lambda p: p.file_name.lower())),
+            models_folder=display_path(d.paths.models_dir),
+            token_session_only=self._session_token(),
             downloads=self._downloads(),
         )
 
@@ -190,11 +233,14 @@ class DaemonTrayBackend:
             if s.state in ("queued", "running")
         )
 
+    @staticmethod
+    def _problem(path: Path, error: str | None, incomplete: bool) -> ProblemFile:
+        return ProblemFile(path.name, full_reason(error or "unknown problem"), display_path(path.parent), incomplete)
+
     def _model_view(self, entry: Any) -> ModelView:
         info = entry.info
-        view = ModelView(entry.id, entry.size_bytes, info.quantization if info else None)
-        if entry.error:  # the file itself cannot be used (bad header, missing split part)
-            return ModelView(view.id, view.size_bytes, view.quantization, MODEL_ERROR, entry.error)
+        quantization = info.quantization if info else None
+        file_name = None if entry.source == "ollama" else entry.path.name  # Ollama's blobs have hash names
         state, error = self.daemon.models.state(entry.id)
         reason = None
         if state == MODEL_ERROR:
@@ -203,7 +249,13 @@ class DaemonTrayBackend:
         loaded = self.daemon.models.get(entry.id)
         if loaded is not None and loaded.scheduler is not None:
             generating = loaded.scheduler.busy
-        return ModelView(view.id, view.size_bytes, view.quantization, state, reason, generating)
+        return ModelView(entry.id, entry.size_bytes, quantization, state, reason, generating, file_name)
+
+    def _session_token(self) -> bool:
+        try:
+            return bool(self.hooks.session_token())
+        except Exception:  # noqa: BLE001
+            return False
 
     def _autostart_status(self) -> tuple[bool, bool]:
         try:
@@ -285,76 +337,220 @@ class DaemonTrayBackend:
 # -- running --------------------------------------------------------------------------------------
 
 
+def _headless(daemon: Daemon, sock: socket.socket, reporter: Reporter, show: ShowRequests, reason: str) -> int:
+    """No tray can be shown: say so (one line, a notification), then serve in the foreground."""
+    from lmsp_tray.desktop.system import headless_message
+
+    reporter.notice(headless_message(daemon.url, reason), summary="lmsp-tray runs without a tray icon")
+    url = daemon.url
+
+    def shown_headless() -> None:
+        reporter.notify(
+            "lmsp-tray is already running",
+            f"It serves {url} without a tray icon: {reason}. Stop it with `lmsp-tray stop`.",
+        )
+
+    show.set_handler(shown_headless)
+    daemon.serve_forever(sock)
+    return 0
+
+
 def run_tray(
     daemon: Daemon,
     sock: socket.socket,
     *,
+    show: ShowRequests,
+    reporter: Reporter,
+    first_run: bool = False,
+    model_count: int = 0,
     autostart: Autostart | None = None,
     hooks: TrayHooks | None = None,
-    announce: str | None = None,
 ) -> int:
-    """The tray on this (main) thread, the API on a background thread; returns the exit code.
-
-    Prints `announce` once the tray is up. When the tray cannot be shown after
-    all (no toolkit, the display refuses us), prints one line saying so
-    instead and serves headless.
-    """
+    """The tray on this (main) thread, the API on a background thread; returns the exit code."""
+    from lmsp_tray import __version__
     from lmsp_tray.desktop.autostart import Autostart
-    from lmsp_tray.desktop.system import headless_message
-    from lmsp_tray.desktop.tray import TrayApp, TrayUnavailable, load_pystray
+    from lmsp_tray.desktop.notify import Notifier
+    from lmsp_tray.desktop.toolkit import choose_backend
+    from lmsp_tray.desktop.tray import TrayApp, load_pystray
 
     backend = DaemonTrayBackend(
         daemon, autostart or Autostart.for_platform(), hooks if hooks is not None else tray_hooks(daemon)
     )
+    choice = choose_backend()
+    if choice.name is None:
+        return _headless(daemon, sock, reporter, show, choice.reason or "no system tray")
+    url = daemon.url
+    announced = threading.Event()
+
+    def shown() -> None:
+        if announced.is_set():
+            log.info("the tray icon is shown now (%s)", app.toolkit)
+            return
+        announced.set()
+        reporter.notice(
+            f"lmsp-tray {__version__} serving {url} with {model_count} model(s) from the system tray "
+            f"({app.toolkit}). Click the icon for its menu; quit from it, with Ctrl+C or `lmsp-tray stop`.",
+            summary="lmsp-tray",
+            notify=False,
+        )
+        if choice.note:
+            reporter.notice(f"lmsp-tray: {choice.note}", summary="lmsp-tray's tray icon is limited")
+        if first_run:
+            welcome(app, daemon)
+
+    def not_shown(reason: str) -> None:
+        from lmsp_tray.desktop.system import headless_message
+
+        reporter.notice(headless_message(url, reason), summary="lmsp-tray runs without a tray icon")
+
     try:
-        app = TrayApp(backend, pystray=load_pystray())
+        pystray = load_pystray(backend=choice.name or None)
+        notifier = Notifier() if sys.platform.startswith("linux") else None
+        app = TrayApp(
+            backend,
+            pystray=pystray,
+            notifier=notifier,
+            log_file=daemon.paths.log_dir / "lmsp-tray.log",
+            host_seen=choice.host_seen,
+            on_shown=shown,
+            on_not_shown=not_shown,
+        )
     except Exception as exc:  # noqa: BLE001 - TrayUnavailable, or a toolkit refusing to start
+        from lmsp_tray.desktop.tray import TrayUnavailable
+
         reason = (
             str(exc)
             if isinstance(exc, TrayUnavailable)
-            else f"the system tray is not available ({short_reason(exc, 120)})"
+            else f"the system tray is not available ({short_reason(exc, 160)})"
         )
-        print(headless_message(daemon.url, reason), file=sys.stderr, flush=True)
-        daemon.serve_forever(sock)
-        return 0
+        return _headless(daemon, sock, reporter, show, reason)
 
-    if announce:
-        print(announce, file=sys.stderr, flush=True)
     daemon.start_background(sock)
     refresh: Callable[..., None] = lambda *_: app.refresh()
     daemon.models.subscribe(refresh)
     daemon.watcher.subscribe(refresh)
-
-    def notify_pairing(view: Any = None, *_: Any) -> None:
-        message = pairing_notification(view)
-        if message is not None:
-            app.notify(message)
-
-    try:
-        backend.hooks.subscribe_pairings(refresh)
-        backend.hooks.subscribe_pairings(notify_pairing)
-    except Exception as exc:  # noqa: BLE001
-        log.debug("no pairing notifications: %s", exc)
+    show.set_handler(app.show_yourself)
+    watch_pairings(app, backend)
+    watch_keyring(app, daemon)
     _notify_downloads(daemon, app)
     try:
         try:
             return app.run()
-        except TrayUnavailable as exc:
-            print(headless_message(daemon.url, str(exc)), file=sys.stderr, flush=True)
+        except Exception as exc:  # noqa: BLE001 - TrayUnavailable: the toolkit died under us
+            from lmsp_tray.desktop.system import headless_message
+
+            reporter.notice(headless_message(url, str(exc)), summary="lmsp-tray runs without a tray icon")
+            show.set_handler(None)
             _wait_for_signal(daemon)
             return 0
     finally:
         daemon.stop_background()  # a no-op after Quit; after SIGTERM/SIGINT the same clean stop
+        if app.notifier is not None:
+            app.notifier.shutdown()
 
 
-def _notify_downloads(daemon: Daemon, app: Any) -> None:
+def welcome(app: TrayApp, daemon: Daemon) -> None:
+    """The first run's notification: where models go, and that other apps' models are found too."""
+    folder = display_path(daemon.paths.models_dir)
+    usable = [e for e in daemon.catalog.entries() if e.ok]
+    have = f"It found {len(usable)} model(s) already. " if usable else ""
+    body = (
+        f"{have}Put .gguf models in {folder}; they show up in the menu by themselves. Models of LM Studio, "
+        f"Ollama, Hugging Face and llama.cpp are found where they are. Apps use {daemon.url}."
+    )
+
+    def on_action(key: str) -> None:
+        if key == "open-folder":
+            app.click(_open_folder_action())
+
+    app.notify(
+        body,
+        title="lmsp-tray is running",
+        kind="welcome",
+        actions=[("open-folder", "Open models folder")],
+        on_action=on_action,
+    )
+
+
+def _open_folder_action() -> Any:
+    from lmsp_tray.desktop.menu import Action
+
+    return Action.OPEN_MODELS_FOLDER
+
+
+def watch_pairings(app: TrayApp, backend: DaemonTrayBackend) -> None:
+    """A notification per pending request, with Approve/Deny buttons where the server has actions;
+    closed again once the request is answered (in the menu, by the CLI) or expires."""
+    shown: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def answer(pairing_id: str, key: str) -> None:
+        from lmsp_tray.desktop.menu import Action
+
+        if key == "approve":
+            app.perform(Action.APPROVE_PAIRING, pairing_id)
+        elif key == "deny":
+            app.perform(Action.DENY_PAIRING, pairing_id)
+        else:  # a click on the notification itself: show the menu with the request
+            app.show_yourself()
+
+    def on_change(view: Any = None, *_: Any) -> None:
+        app.refresh()
+        pairing_id = str(getattr(view, "id", ""))
+        if not pairing_id:
+            return
+        if getattr(view, "status", None) != "pending":
+            with lock:
+                nid = shown.pop(pairing_id, None)
+            app.close_notification(nid)
+            return
+        buttons = app.notifier is not None and app.notifier.supports_actions
+        title, body = pairing_text(view, buttons=buttons)
+        nid = app.notify(
+            body,
+            title=title,
+            kind=None,  # every request its own notification
+            actions=[("approve", "Approve"), ("deny", "Deny")],
+            on_action=lambda key: threading.Thread(
+                target=answer, args=(pairing_id, key), name="tray-pairing", daemon=True
+            ).start(),
+        )
+        if nid:
+            with lock:
+                shown[pairing_id] = nid
+
+    try:
+        backend.hooks.subscribe_pairings(on_change)
+    except Exception as exc:  # noqa: BLE001
+        log.debug("no pairing notifications: %s", exc)
+
+
+def watch_keyring(app: TrayApp, daemon: Daemon) -> None:
+    """Tell the person when the keyring stops or starts working again (the menu says it too)."""
+    tokens = getattr(getattr(daemon, "auth", None), "tokens", None)
+    if tokens is None or not hasattr(tokens, "add_keyring_listener"):
+        return
+
+    def on_change(error: Any) -> None:
+        app.refresh()
+        if error is None:
+            app.notify(
+                "The OS keyring works again: the owner token and new tokens are kept there from now on.",
+                title="lmsp-tray: keyring available",
+                kind="notice",
+            )
+
+    tokens.add_keyring_listener(on_change)
+
+
+def _notify_downloads(daemon: Daemon, app: TrayApp) -> None:
     """A notification when a download ends (done or failed); the menu follows progress by its poll."""
 
     def on_download(status: Any) -> None:
         message = download_notification(status)
         if message is not None:
             app.refresh()
-            app.notify(message)
+            app.notify(message, title="lmsp-tray: download", kind="download")
 
     downloads = getattr(daemon, "downloads", None)
     if downloads is not None:

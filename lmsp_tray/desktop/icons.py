@@ -1,10 +1,11 @@
 """The tray icons: one drawing per activity, made crisp at every tray size.
 
 Each icon is a rounded tile in the state's colour with a white glyph:
-idle (blue, lines of text), loading (amber, three dots), serving (green,
+idle (slate grey, an empty frame: no model in memory), ready (blue, lines
+of text: a model is loaded), loading (amber, three dots), serving (green,
 level bars), error (red, an exclamation mark). Colour and shape both
 differ, so the states stay distinct for colour-blind users and on any
-panel colour.
+panel colour. The app icon is the "ready" drawing.
 
 Geometry is computed per pixel size and snapped to whole pixels, then drawn
 at 8x and reduced with an area filter: straight edges stay sharp, only the
@@ -21,14 +22,15 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from lmsp_tray.desktop.menu import ACTIVITIES, ERROR, IDLE, LOADING, SERVING
+from lmsp_tray.desktop.menu import ACTIVITIES, ERROR, IDLE, LOADING, READY, SERVING
 
 TRAY_SIZES = (16, 22, 24, 32, 48, 64)
 APP_SIZES = (16, 24, 32, 48, 64, 128, 256, 512, 1024)
 
 # (tile fill, tile edge) per activity; the glyph is white on all four.
 COLOURS: dict[str, tuple[tuple[int, int, int], tuple[int, int, int]]] = {
-    IDLE: ((37, 99, 235), (23, 62, 150)),  # blue
+    IDLE: ((71, 85, 105), (39, 48, 61)),  # slate grey
+    READY: ((37, 99, 235), (23, 62, 150)),  # blue
     LOADING: ((217, 119, 6), (146, 72, 4)),  # amber
     SERVING: ((22, 163, 74), (14, 102, 46)),  # green
     ERROR: ((220, 38, 38), (140, 22, 22)),  # red
@@ -56,7 +58,13 @@ def _centre(size: int, extent: int) -> int:
 def _glyph_rects(activity: str, size: int) -> list[Rect]:
     """The glyph as whole-pixel rectangles, centred on the tile."""
     t = _stroke(size)
-    if activity == IDLE:  # three lines of text, the last one short
+    if activity == IDLE:  # an empty frame
+        t = max(2, round(size / 10))
+        side = size - 2 * _padding(size)
+        x0 = y0 = _centre(size, side)
+        x1 = y1 = x0 + side
+        return [(x0, y0, x1, y0 + t), (x0, y1 - t, x1, y1), (x0, y0 + t, x0 + t, y1 - t), (x1 - t, y0 + t, x1, y1 - t)]
+    if activity == READY:  # three lines of text, the last one short
         gap = max(1, round(t * 0.75))
         width = size - 2 * _padding(size)
         height = 3 * t + 2 * gap
@@ -95,7 +103,7 @@ def draw_icon(activity: str, size: int) -> Image.Image:
     """The RGBA icon for `activity` at `size` x `size` pixels."""
     if size < 16:
         raise ValueError("icons are drawn from 16 px up")
-    fill, edge = COLOURS[activity] if activity in COLOURS else COLOURS[IDLE]
+    fill, edge = COLOURS[activity] if activity in COLOURS else COLOURS[READY]
     glyph = _glyph_rects(activity, size)
     k = _SCALE
     big = Image.new("RGBA", (size * k, size * k), (0, 0, 0, 0))
@@ -107,7 +115,7 @@ def draw_icon(activity: str, size: int) -> Image.Image:
     pen.rounded_rectangle(box, radius=radius * k, fill=edge)
     inner = tuple(v + sign * border * k for v, sign in zip(box, (1, 1, -1, -1)))
     pen.rounded_rectangle(inner, radius=max(1, radius - border) * k, fill=fill)
-    round_caps = size >= 48
+    round_caps = size >= 48 and activity != IDLE  # the frame is one shape: square joins
     for left, top, right, bottom in glyph:
         shape = (left * k, top * k, right * k - 1, bottom * k - 1)
         if round_caps:

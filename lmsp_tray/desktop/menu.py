@@ -7,22 +7,26 @@ call. Keeping the decisions here makes the menu unit-testable without a
 display, and keeps the GUI layer a thin, mechanical translation.
 
 Texts that come from outside (model ids, error reasons, the names that
-pairing apps give themselves) are cleaned and shortened before they reach
-the menu; the access token never does.
+pairing apps give themselves) are cleaned before they reach the menu; a line
+that must be shortened is cut at a word boundary (never inside a path), and
+the whole text is then one level down, wrapped, in a submenu. The access
+token never reaches the menu.
 """
 
 from __future__ import annotations
 
 import enum
 import re
+import textwrap
 from dataclasses import dataclass
 
-# Activities: what the icon shows, most urgent first.
+# Activities: what the icon shows. Idle: no model in memory; ready: a model loaded, waiting.
 IDLE = "idle"
+READY = "ready"
 LOADING = "loading"
 SERVING = "serving"
 ERROR = "error"
-ACTIVITIES = (IDLE, LOADING, SERVING, ERROR)
+ACTIVITIES = (IDLE, READY, LOADING, SERVING, ERROR)
 
 # Model states, as in the LMSP model object (PROFILE §3).
 AVAILABLE = "available"
@@ -34,8 +38,9 @@ MODEL_STATES = (AVAILABLE, MODEL_LOADING, LOADED, UNLOADING, MODEL_ERROR)
 
 ERROR_MARK = "\u26a0"  # ⚠
 ELLIPSIS = "\u2026"  # …
-MAX_ERROR_CHARS = 60
+MAX_ERROR_CHARS = 70
 MAX_NAME_CHARS = 40
+WRAP_CHARS = 72  # the width of the lines that show a whole text in a submenu
 MAX_MODELS_SHOWN = 100  # a huge Hugging Face cache must not make a screen-high menu unusable
 
 
@@ -52,6 +57,8 @@ class Action(str, enum.Enum):
     SET_AUTOSTART = "set_autostart"  # arg: "on" | "off" (the value to set, not a toggle)
     APPROVE_PAIRING = "approve_pairing"  # arg: pairing id
     DENY_PAIRING = "deny_pairing"  # arg: pairing id
+    VIEW_LOGS = "view_logs"
+    SHOW_STATUS = "show_status"  # a notification with the state (icons without a menu)
     QUIT = "quit"
 
 
@@ -65,6 +72,17 @@ class ModelView:
     state: str = AVAILABLE  # one of MODEL_STATES
     error: str | None = None  # the reason, when state is "error"
     generating: bool = False  # a response is being generated on it now
+    file_name: str | None = None  # the file it is read from (shown beside the id)
+
+
+@dataclass(frozen=True)
+class ProblemFile:
+    """A file in a models folder that is not (or not yet) a usable model: listed apart, not counted."""
+
+    file_name: str
+    reason: str
+    folder: str = ""  # shown with "~" for the home folder
+    incomplete: bool = False  # still being written, or cut short
 
 
 @dataclass(frozen=True)
@@ -101,13 +119,17 @@ class TrayState:
     autostart_supported: bool = True
     pairings: tuple[PairingView, ...] = ()
     token_available: bool = False
-    notice: str | None = None  # a service-level problem or the last failed action, shown on top
+    notice: str | None = None  # a service-level problem or the last failed action, shown on top (whole)
+    problems: tuple[ProblemFile, ...] = ()  # files that are not usable models
+    token_session_only: bool = False  # the owner token dies with this run (no keyring to keep it)
+    models_folder: str | None = None  # the service's own models folder, for the "no models" hint
     downloads: tuple[DownloadView, ...] = ()
 
     def __post_init__(self) -> None:
         # Accept lists from callers but keep the state hashable and comparable.
         object.__setattr__(self, "models", tuple(self.models))
         object.__setattr__(self, "pairings", tuple(self.pairings))
+        object.__setattr__(self, "problems", tuple(self.problems))
         object.__setattr__(self, "downloads", tuple(self.downloads))
 
     @property
@@ -149,18 +171,72 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u20
 _SPACES = re.compile(r"\s+")
 
 
+_TRACEBACK = re.compile(r"^\s*Traceback \(most recent call last\)|^\s*Traceback:", re.MULTILINE)
+
+
+def one_line(text: object) -> str:
+    """Control and bidi characters removed, runs of spaces (and line breaks) made one space; a
+    Python traceback that slipped into a message is left out (people get the message, not that)."""
+    value = str(text)
+    found = _TRACEBACK.search(value)
+    if found:
+        value = value[: found.start()]
+    return _SPACES.sub(" ", _CONTROL.sub(" ", value)).strip()
+
+
+def _pathlike(word: str) -> bool:
+    return "/" in word or "\\" in word
+
+
+def shorten(text: str, limit: int) -> str:
+    """`text` (one line) in at most about `limit` characters, cut at a word boundary with "…".
+
+    Never cuts inside a word; a path that starts the text and is longer than `limit` keeps its
+    last components ("…/models/broken.gguf") rather than being cut in the middle of a name.
+    """
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, max(limit, 2))
+    if cut > 0:
+        head = text[:cut].rstrip(" ,;:.(\u2014-")
+        if head:
+            return head + ELLIPSIS
+    first = text.split(" ", 1)[0]
+    if _pathlike(first):
+        parts = re.split(r"(?=[/\\])", first)
+        tail = ""
+        for part in reversed(parts):
+            if len(tail) + len(part) + 1 > limit and tail:
+                break
+            tail = part + tail
+        return ELLIPSIS + tail
+    return first[: max(limit - 1, 1)] + ELLIPSIS
+
+
 def clean_text(text: object, limit: int) -> str:
-    """One line of at most `limit` characters: control and bidi characters removed, spaces collapsed."""
-    value = _SPACES.sub(" ", _CONTROL.sub(" ", str(text))).strip()
-    if len(value) > limit:
-        value = value[: max(limit - 1, 1)].rstrip() + ELLIPSIS
-    return value
+    """One line of at most about `limit` characters, cut at a word boundary (see `shorten`)."""
+    return shorten(one_line(text), limit)
 
 
 def short_reason(reason: object, limit: int = MAX_ERROR_CHARS) -> str:
-    """The first non-empty line of an error reason, cleaned and shortened."""
+    """The first non-empty line of an error reason, cleaned and cut at a word boundary."""
     lines = [line for line in str(reason or "").splitlines() if line.strip()]
     return clean_text(lines[0], limit) if lines else "unknown error"
+
+
+def full_reason(reason: object) -> str:
+    """The whole reason as one line (for notifications, logs and wrapped submenus)."""
+    return one_line(reason) or "unknown error"
+
+
+def wrapped(text: object, width: int = WRAP_CHARS) -> list[str]:
+    """The whole text as lines of about `width` characters, broken only between words."""
+    return textwrap.wrap(one_line(text), width, break_long_words=False, break_on_hyphens=False) or [""]
+
+
+def detail_items(text: object) -> tuple[MenuItemSpec, ...]:
+    """A submenu that shows a whole text, one disabled line per wrapped line."""
+    return tuple(MenuItemSpec(line, enabled=False) for line in wrapped(text))
 
 
 def human_size(size_bytes: int | None) -> str:
@@ -180,10 +256,10 @@ def human_size(size_bytes: int | None) -> str:
 
 
 def activity_for(models: tuple[ModelView, ...] | list[ModelView], *, failed: bool = False) -> str:
-    """The icon state: error (a service problem or failed action), loading, serving, else idle.
+    """The icon state: error (a failed action), loading, serving, ready (a model loaded), else idle.
 
-    A model whose file cannot be read is marked on its own menu line; it does
-    not turn the icon red, or one stray broken file would keep it red forever.
+    A file that cannot be used is listed apart in the menu; it does not turn
+    the icon red, or one stray broken file would keep it red forever.
     """
     if failed:
         return ERROR
@@ -191,21 +267,23 @@ def activity_for(models: tuple[ModelView, ...] | list[ModelView], *, failed: boo
         return LOADING
     if any(m.generating for m in models):
         return SERVING
+    if any(m.state == LOADED for m in models):
+        return READY
     return IDLE
 
 
-_URGENCY = {IDLE: 0, SERVING: 1, LOADING: 2, ERROR: 3}
+_URGENCY = {IDLE: 0, READY: 1, SERVING: 2, LOADING: 3, ERROR: 4}
 
 
 def most_urgent(*activities: str) -> str:
-    """The activity the icon should show when several apply (error > loading > serving > idle)."""
+    """The activity the icon should show when several apply (error > loading > serving > ready > idle)."""
     return max(activities, key=lambda a: _URGENCY.get(a, 0), default=IDLE)
 
 
 def tooltip(state: TrayState) -> str:
     """The icon's hover text: name, what it is doing, where it listens."""
     loaded = state.loaded_count
-    if state.activity == ERROR and state.notice:
+    if state.notice:
         doing = f"{ERROR_MARK} {clean_text(state.notice, MAX_ERROR_CHARS)}"
     elif state.activity == LOADING:
         doing = f"loading a model{ELLIPSIS}"
@@ -230,34 +308,56 @@ def status_line(state: TrayState) -> str:
 
 
 def model_label(model: ModelView) -> str:
-    """`id · 253 MB · Q4_K_M`, then what is happening to it."""
+    """`id · 253 MB · Q4_K_M · file.gguf`, then what is happening to it."""
     parts = [clean_text(model.id, 80)]
     size = human_size(model.size_bytes)
     if size:
         parts.append(size)
     if model.quantization:
         parts.append(clean_text(model.quantization, 16))
+    if model.file_name:
+        parts.append(clean_text(model.file_name, 60))
     label = " \u00b7 ".join(parts)
     if model.state == MODEL_LOADING:
         return f"{label} \u2014 Loading{ELLIPSIS}"
     if model.state == UNLOADING:
         return f"{label} \u2014 Unloading{ELLIPSIS}"
     if model.state == MODEL_ERROR:
-        reason = short_reason(model.error)
-        return f"{label} \u2014 {ERROR_MARK} error: {reason}"
+        return f"{label} \u2014 {ERROR_MARK} could not load"
     if model.state == LOADED and model.generating:
         return f"{label} \u2014 generating"
     return label
 
 
 def model_item(model: ModelView) -> MenuItemSpec:
-    """Loaded: checked, click unloads. Available or failed: click loads (retries). Busy: disabled."""
+    """Loaded: checked, click unloads. Available: click loads. Busy: disabled.
+
+    A model that failed to load opens a submenu with the whole reason and "Try again".
+    """
     label = model_label(model)
     if model.state == LOADED:
         return MenuItemSpec(label, Action.UNLOAD_MODEL, model.id, checked=True)
     if model.state in (MODEL_LOADING, UNLOADING):
         return MenuItemSpec(label, None, model.id, checked=model.state == UNLOADING, enabled=False)
+    if model.state == MODEL_ERROR:
+        return MenuItemSpec(
+            label,
+            submenu=(
+                *detail_items(model.error or "unknown error"),
+                SEPARATOR,
+                MenuItemSpec("Try again", Action.LOAD_MODEL, model.id),
+            ),
+        )
     return MenuItemSpec(label, Action.LOAD_MODEL, model.id, checked=False)
+
+
+def problem_item(problem: ProblemFile) -> MenuItemSpec:
+    """`name.gguf — incomplete` with the whole reason and the folder one level down."""
+    what = "incomplete" if problem.incomplete else "not usable"
+    details = list(detail_items(problem.reason))
+    if problem.folder:
+        details += [SEPARATOR, *detail_items(f"In {problem.folder}")]
+    return MenuItemSpec(f"{clean_text(problem.file_name, 60)} \u2014 {what}", submenu=tuple(details))
 
 
 def pairing_item(pairing: PairingView) -> MenuItemSpec:
@@ -282,8 +382,10 @@ def pairing_item(pairing: PairingView) -> MenuItemSpec:
 def models_submenu(state: TrayState) -> tuple[MenuItemSpec, ...]:
     items: list[MenuItemSpec] = []
     if not state.models:
-        items.append(MenuItemSpec("No models found", enabled=False))
-        items.append(MenuItemSpec("Put .gguf files in the models folder, then Rescan", enabled=False))
+        items.append(MenuItemSpec("No models yet", enabled=False))
+        where = state.models_folder or "the models folder (Open models folder)"
+        items.extend(detail_items(f"Put .gguf files in {where}; they show up here by themselves."))
+        items.extend(detail_items("Models of LM Studio, Ollama, Hugging Face and llama.cpp are found too."))
     for model in state.models[:MAX_MODELS_SHOWN]:
         items.append(model_item(model))
     hidden = len(state.models) - MAX_MODELS_SHOWN
@@ -326,19 +428,30 @@ def downloads_section(state: TrayState) -> list[MenuItemSpec]:
     ]
 
 
+def notice_item(notice: str) -> MenuItemSpec:
+    """The notice on top: one line, and the whole text one level down when the line had to be cut."""
+    line = f"{ERROR_MARK} {clean_text(notice, MAX_ERROR_CHARS)}"
+    if one_line(notice) == line[2:]:
+        return MenuItemSpec(line, enabled=False)
+    return MenuItemSpec(line, submenu=detail_items(notice))
+
+
 def build_menu(state: TrayState) -> list[MenuItemSpec]:
     """The whole tray menu for `state`."""
     any_loaded = any(m.state in (LOADED, MODEL_LOADING) for m in state.models)
     loaded, total = state.loaded_count, len(state.models)
-    items: list[MenuItemSpec] = [
-        MenuItemSpec(status_line(state), Action.COPY_URL, enabled=state.url is not None, default=True),
-    ]
+    items: list[MenuItemSpec] = [MenuItemSpec(status_line(state), Action.COPY_URL, enabled=state.url is not None)]
     if state.notice:
-        items.append(MenuItemSpec(f"{ERROR_MARK} {clean_text(state.notice, 80)}", enabled=False))
+        items.append(notice_item(state.notice))
     items.append(SEPARATOR)
     items.append(
         MenuItemSpec(f"Models ({loaded}/{total} loaded)" if total else "Models", submenu=models_submenu(state))
     )
+    if state.problems:
+        shown = state.problems[:MAX_MODELS_SHOWN]
+        items.append(
+            MenuItemSpec(f"Files that are not usable ({len(state.problems)})", submenu=tuple(map(problem_item, shown)))
+        )
     items.append(MenuItemSpec("Unload all", Action.UNLOAD_ALL, enabled=any_loaded))
     items.append(MenuItemSpec("Rescan models", Action.RESCAN))
     items.append(MenuItemSpec("Open models folder", Action.OPEN_MODELS_FOLDER))
@@ -359,9 +472,21 @@ def build_menu(state: TrayState) -> list[MenuItemSpec]:
             enabled=state.autostart_supported,
         )
     )
+    items.append(MenuItemSpec("View logs", Action.VIEW_LOGS))
     items.append(SEPARATOR)
     items.append(MenuItemSpec("Quit", Action.QUIT))
     return items
+
+
+def status_text(state: TrayState) -> str:
+    """The state in a few lines: the body of the notification an icon without a menu shows on a click."""
+    lines = [status_line(state)]
+    lines += [f"\u2713 {m.id}" for m in state.models if m.state == LOADED]
+    if state.problems:
+        lines.append(f"{len(state.problems)} file(s) in the models folders are not usable")
+    if state.notice:
+        lines.append(f"{ERROR_MARK} {full_reason(state.notice)}")
+    return "\n".join(lines)
 
 
 def walk(items: list[MenuItemSpec] | tuple[MenuItemSpec, ...]):

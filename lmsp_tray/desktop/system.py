@@ -45,7 +45,9 @@ def headless_message(url: str | None = None, reason: str | None = None) -> str:
     """The one line printed when the tray cannot be shown."""
     why = reason or "no display (DISPLAY and WAYLAND_DISPLAY are not set)"
     where = f"; serving {url}" if url else ""
-    return f"lmsp-tray: {why} \u2014 running headless without a tray icon{where}. Stop it with Ctrl+C."
+    return (
+        f"lmsp-tray: {why} \u2014 running headless without a tray icon{where}. Stop it with Ctrl+C or `lmsp-tray stop`."
+    )
 
 
 # -- clipboard and file manager --------------------------------------------------------------------
@@ -141,20 +143,105 @@ class Clipboard:
             raise ClipboardError(str(failures[0]))
 
 
-def open_folder(path: Path, platform: str | None = None) -> None:
-    """Show `path` in the file manager (xdg-open, open, or Explorer)."""
+class OpenError(RuntimeError):
+    """Nothing could show a folder or file; the message names it, so the person can go there."""
+
+
+def open_folder(path: Path, platform: str | None = None, **kw: Any) -> str:
+    """Show the folder `path` in the file manager; returns how (raises `OpenError`)."""
+    return open_path(path, platform, folder=True, **kw)
+
+
+def open_path(
+    path: Path,
+    platform: str | None = None,
+    *,
+    folder: bool | None = None,
+    environ: Mapping[str, str] | None = None,
+    which: Callable[[str], str | None] = shutil.which,
+) -> str:
+    """Open `path` the way the desktop does (a folder in the file manager, a file in its app).
+
+    Linux and the BSDs: `gio open`, then `xdg-open`, then the file manager's own D-Bus service
+    (org.freedesktop.FileManager1: GNOME Files, Dolphin, Nemo, Thunar, Caja …), so a desktop
+    without xdg-utils still works. macOS: `open`; Windows: the shell. Returns what did it.
+    """
     platform = platform or sys.platform
+    env = os.environ if environ is None else environ
+    folder = path.is_dir() if folder is None else folder
     if platform == "win32":
         os.startfile(str(path))  # type: ignore[attr-defined]
-        return
-    tool = "open" if platform == "darwin" else "xdg-open"
-    found = shutil.which(tool)
-    if not found:
-        raise FileNotFoundError(f"{tool} not found; the folder is {path}")
-    subprocess.Popen(
-        [found, str(path)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+        return "shell"
+    if platform == "darwin":
+        return _spawn_first([["open", str(path)]], which) or _cannot_open(path, "open")
+    tried = []
+    for argv in (["gio", "open", str(path)], ["xdg-open", str(path)]):
+        tried.append(argv[0])
+        found = which(argv[0])
+        if found and _run_quietly([found, *argv[1:]]):
+            return argv[0]
+    tried.append("the FileManager1 D-Bus service")
+    if _file_manager_dbus(path, folder, env):
+        return "org.freedesktop.FileManager1"
+    return _cannot_open(path, ", ".join(tried))
+
+
+def _cannot_open(path: Path, tried: str) -> str:
+    raise OpenError(f"no file manager answered (tried {tried}); the {_kind(path)} is {path}")
+
+
+def _kind(path: Path) -> str:
+    return "file" if path.is_file() else "folder"
+
+
+def _spawn_first(commands: list[list[str]], which: Callable[[str], str | None]) -> str | None:
+    for argv in commands:
+        found = which(argv[0])
+        if found and _run_quietly([found, *argv[1:]]):
+            return argv[0]
+    return None
+
+
+def _run_quietly(argv: list[str], timeout: float = 10.0) -> bool:
+    """Run an opener and wait for its verdict (they hand off to the desktop and exit at once)."""
+    try:
+        done = subprocess.run(
+            argv,
+            check=False,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=timeout,
+            start_new_session=True,
+        )
+    except subprocess.TimeoutExpired:
+        return True  # still running: an opener that stays (some xdg-open setups) has done its part
+    except OSError as exc:
+        log.debug("%s failed: %s", argv[0], exc)
+        return False
+    if done.returncode != 0:
+        log.debug("%s failed (%d): %s", argv[0], done.returncode, done.stderr.decode(errors="replace").strip())
+    return done.returncode == 0
+
+
+def _file_manager_dbus(path: Path, folder: bool, env: Mapping[str, str]) -> bool:
+    """org.freedesktop.FileManager1.ShowFolders (a folder) or ShowItems (a file, selected)."""
+    if not env.get("DBUS_SESSION_BUS_ADDRESS"):
+        return False
+    try:
+        from jeepney import DBusAddress, MessageType, new_method_call
+        from jeepney.io.blocking import open_dbus_connection
+
+        address = DBusAddress(
+            "/org/freedesktop/FileManager1",
+            bus_name="org.freedesktop.FileManager1",
+            interface="org.freedesktop.FileManager1",
+        )
+        method = "ShowFolders" if folder else "ShowItems"
+        with open_dbus_connection(env["DBUS_SESSION_BUS_ADDRESS"]) as conn:
+            call = new_method_call(address, method, "ass", ([path.resolve().as_uri()], ""))
+            reply = conn.send_and_get_reply(call, timeout=10)
+        return reply.header.message_type != MessageType.error
+    except Exception as exc:  # noqa: BLE001 - no bus, no file manager service
+        log.debug("FileManager1 failed: %s", exc)
+        return False

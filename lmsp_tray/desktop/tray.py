@@ -10,6 +10,12 @@ takes seconds): each runs on a worker thread, and a failure becomes a
 notification plus a "⚠ ..." line in the menu and the error icon, never a
 traceback.
 
+A left-click opens the menu (`MenuHooks.primary` may make it open a page
+instead); a second launch of lmsp-tray calls `show_yourself()`, which opens the
+menu where the toolkit allows and raises a notification elsewhere. Notifications
+go through `lmsp_tray.desktop.notify.Notifier` (own ids per kind, actions) when a
+notification server listens, else through pystray.
+
 The access token goes from `TrayBackend.access_token()` straight to the
 clipboard (`lmsp_tray.desktop.system.Clipboard`: GTK's clipboard on the GTK
 backends, else wl-copy/xclip/xsel/pbcopy/clip on stdin). It is never
@@ -27,7 +33,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
@@ -35,20 +41,31 @@ from typing import Any, Protocol
 from lmsp_tray.desktop.icons import draw_icon, load_icon
 from lmsp_tray.desktop.menu import (
     ERROR,
-    ERROR_MARK,
     Action,
     MenuItemSpec,
     TrayState,
     activity_for,
     build_menu,
     clean_text,
+    full_reason,
     most_urgent,
     short_reason,
+    status_text,
     tooltip,
 )
-from lmsp_tray.desktop.system import Clipboard, ClipboardError, display_available, headless_message, open_folder
+from lmsp_tray.desktop.notify import Notices
+from lmsp_tray.desktop.system import (
+    Clipboard,
+    ClipboardError,
+    OpenError,
+    display_available,
+    headless_message,
+    open_folder,
+    open_path,
+)
 from lmsp_tray.desktop.toolkit import (
     GTK_BACKENDS,
+    MenuHooks,
     TrayUnavailable,
     backend_name,
     default_icon_size,
@@ -72,7 +89,11 @@ log = logging.getLogger("lmsp_tray.desktop.tray")
 
 APP_NAME = "lmsp-tray"
 POLL_INTERVAL = 0.5  # seconds; the menu follows API changes within this (plus one snapshot)
-FAILURE_SECONDS = 60.0  # how long a failed action keeps its line in the menu and the error icon
+FAILURE_SECONDS = 60.0  # how long a failed action keeps its line in the menu (and the error icon)
+EMBED_WAIT_S = 5.0  # how long an X11 icon may take to appear in the tray before we say it is not shown
+# Failed actions that concern the models turn the icon red; a folder that will not open does not.
+SERIOUS = frozenset({Action.LOAD_MODEL, Action.UNLOAD_MODEL, Action.UNLOAD_ALL})
+QUIET = frozenset({Action.OPEN_MODELS_FOLDER, Action.VIEW_LOGS, Action.SHOW_STATUS})  # notification only
 
 
 class TrayBackend(Protocol):
@@ -110,6 +131,9 @@ class TrayBackend(Protocol):
         ...
 
 
+Callback = Callable[[], None]
+
+
 class TrayApp:
     """The tray icon and its menu over a `TrayBackend`. Build on the main thread, then `run()`."""
 
@@ -120,9 +144,14 @@ class TrayApp:
         pystray: ModuleType | None = None,
         poll_interval: float = POLL_INTERVAL,
         clipboard: Clipboard | None = None,
-        opener: Callable[[Path], None] | None = None,
+        opener: Callable[[Path], Any] | None = None,
         icon_size: int | None = None,
         handle_signals: bool = True,
+        notifier: Any = None,
+        log_file: Path | None = None,
+        host_seen: bool = True,
+        on_shown: Callback | None = None,
+        on_not_shown: Callable[[str], None] | None = None,
     ) -> None:
         self.backend = backend
         self.pystray = pystray if pystray is not None else load_pystray()
@@ -132,22 +161,43 @@ class TrayApp:
         self.opener = opener or open_folder
         self.icon_size = icon_size or default_icon_size(self.toolkit)
         self.handle_signals = handle_signals
+        self.notifier = notifier  # lmsp_tray.desktop.notify.Notifier, or None: pystray's notifications
+        self.log_file = log_file
+        self.host_seen = host_seen
+        self.on_shown = on_shown
+        self.on_not_shown = on_not_shown
+        self.shown = threading.Event()  # the icon is really visible (embedded, registered)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
-        self._failure: tuple[str, float] | None = None
+        self._failure: tuple[str, float, bool] | None = None  # (text, until, serious)
         self._images: dict[tuple[str, int], Any] = {}
         self._quit_requested = False
         self._poller: threading.Thread | None = None
         self._snapshot_failing = False
+        self.notices = Notices(notifier, self._balloon)
+        self._not_shown_reported = False
         self.state = self._overlay(self._safe_snapshot())
+        self._service_notice: str | None = None  # the first poll announces a notice there at start
         self._shown_activity = self.state.activity
-        self.icon = icon_class(self.pystray)(
+        self.hooks = MenuHooks(specs=self.menu_specs, click=self.click)
+        icon_type = icon_class(self.pystray, self.hooks)
+        self.icon = icon_type(
             APP_NAME,
             icon=self._image(self.state.activity),
             title=tooltip(self.state),
-            menu=self.pystray.Menu(self._menu_items),
+            menu=self._pystray_menu(),
         )
+
+    def _pystray_menu(self) -> Any:
+        """The menu handed to pystray: none on GTK (synced Gtk widgets instead), a status click on xorg."""
+        if self.toolkit in GTK_BACKENDS:
+            return None
+        if self.toolkit == "xorg":  # no menu there: a left-click shows the state in a notification
+            return self.pystray.Menu(
+                self.pystray.MenuItem("Status", lambda *_: self.click(Action.SHOW_STATUS), default=True)
+            )
+        return self.pystray.Menu(self._menu_items)
 
     # -- state ------------------------------------------------------------------------------------
     def _safe_snapshot(self) -> TrayState:
@@ -171,7 +221,8 @@ class TrayApp:
             failure = self._failure
             if failure is not None and time.monotonic() > failure[1]:
                 self._failure = failure = None
-        activity = most_urgent(state.activity, activity_for(state.models, failed=failure is not None))
+        failed = failure is not None and failure[2]
+        activity = most_urgent(state.activity, activity_for(state.models, failed=failed))
         notice = state.notice or (failure[0] if failure is not None else None)
         if activity == state.activity and notice == state.notice:
             return state
@@ -195,7 +246,12 @@ class TrayApp:
 
     def poll_once(self) -> bool:
         """Take a snapshot; update icon, tooltip and menu if it changed. True when it changed."""
-        new = self._overlay(self._safe_snapshot())
+        raw = self._safe_snapshot()
+        if raw.notice != self._service_notice:
+            self._service_notice = raw.notice
+            if raw.notice and not self._snapshot_failing:
+                self.notify(full_reason(raw.notice), title="lmsp-tray needs attention", kind="notice")
+        new = self._overlay(raw)
         if new == self.state:
             return False
         self.state = new
@@ -232,32 +288,37 @@ class TrayApp:
         worker.start()
 
     def perform(self, action: Action, arg: str | None = None) -> None:
-        """Carry out one click synchronously; failures become a notice, a notification and the error icon."""
+        """Carry out one click synchronously; failures become a notification (whole text), and for
+        most actions a notice line in the menu; failed model actions also turn the icon red."""
         try:
             done = self._do(action, arg)
         except Exception as exc:
-            message = f"{self._failure_prefix(action, arg)}: {short_reason(exc, 80)}"
+            prefix = self._failure_prefix(action, arg)
+            message = f"{prefix}: {full_reason(exc)}"
             log.warning("%s", message, exc_info=not _is_user_error(exc))
-            with self._lock:
-                self._failure = (message, time.monotonic() + FAILURE_SECONDS)
-            self.notify(f"{ERROR_MARK} {message}")
+            serious = action in SERIOUS
+            if action not in QUIET:
+                with self._lock:
+                    self._failure = (message, time.monotonic() + FAILURE_SECONDS, serious)
+            self.notify(full_reason(exc), title=prefix, kind=f"failure-{action.value}", critical=serious)
         else:
             with self._lock:
                 self._failure = None
             if done:
-                self.notify(done)
+                self.notify(done[1], title=done[0], kind=action.value)
         self.refresh()
 
-    def _do(self, action: Action, arg: str | None) -> str | None:
+    def _do(self, action: Action, arg: str | None) -> tuple[str, str] | None:
+        """Do it; (title, body) of the notification that says it is done, or None for none."""
         b = self.backend
         if action is Action.COPY_URL:
             if not self.state.url:
                 raise RuntimeError("the service is not listening yet")
             self.clipboard.copy(self.state.url)
-            return f"Copied {self.state.url}"
+            return "Copied the URL", f"{self.state.url} is on the clipboard."
         if action is Action.LOAD_MODEL:
             b.load_model(_need(arg))
-            return f"Loaded {clean_text(_need(arg), 60)}"
+            return f"Loaded {clean_text(_need(arg), 60)}", "It answers requests now."
         if action is Action.UNLOAD_MODEL:
             b.unload_model(_need(arg))
             return None
@@ -266,13 +327,24 @@ class TrayApp:
             return None
         if action is Action.RESCAN:
             b.rescan()
-            count = len(self._safe_snapshot().models)
-            return f"Found {count} model{'s' if count != 1 else ''}"
+            snap = self._safe_snapshot()
+            count = len(snap.models)
+            extra = f"; {len(snap.problems)} file(s) are not usable" if snap.problems else ""
+            return "Rescanned the models folders", f"Found {count} model{'s' if count != 1 else ''}{extra}."
         if action is Action.OPEN_MODELS_FOLDER:
             folder = b.models_folder()
             folder.mkdir(parents=True, exist_ok=True)
             self.opener(folder)
             return None
+        if action is Action.VIEW_LOGS:
+            log_file = self.log_file
+            if log_file is None:
+                raise OpenError("this run writes no log file")
+            target = log_file if log_file.is_file() else log_file.parent
+            open_path(target)
+            return None
+        if action is Action.SHOW_STATUS:
+            return "lmsp-tray", status_text(self._overlay(self._safe_snapshot()))
         if action is Action.COPY_TOKEN:
             secret = b.access_token()
             if not secret:
@@ -281,16 +353,21 @@ class TrayApp:
                 self.clipboard.copy(secret)
             finally:
                 del secret
-            return "Access token copied to the clipboard"
+            body = "Paste it into your app as its bearer token; it has every scope, so keep it private."
+            if self.state.token_session_only:
+                body += " It works until lmsp-tray stops, because the OS keyring cannot keep it."
+            return "Access token copied to the clipboard", body
         if action is Action.SET_AUTOSTART:
             b.set_autostart(arg == "on")
-            return "lmsp-tray will start at login" if arg == "on" else "lmsp-tray will not start at login"
+            return "Start at login", "lmsp-tray will start at login." if arg == "on" else (
+                "lmsp-tray will not start at login."
+            )
         if action is Action.APPROVE_PAIRING:
             b.approve_pairing(_need(arg))
-            return "Pairing approved"
+            return "Pairing approved", "The app receives its token with its next poll."
         if action is Action.DENY_PAIRING:
             b.deny_pairing(_need(arg))
-            return "Pairing denied"
+            return "Pairing denied", "The app gets no token."
         raise ValueError(f"unknown action {action!r}")
 
     @staticmethod
@@ -307,15 +384,57 @@ class TrayApp:
             Action.SET_AUTOSTART: "Could not change start at login",
             Action.APPROVE_PAIRING: "Could not approve the pairing",
             Action.DENY_PAIRING: "Could not deny the pairing",
+            Action.VIEW_LOGS: "Could not open the log file",
+            Action.SHOW_STATUS: "Could not show the status",
         }.get(action, "Failed")
 
-    def notify(self, message: str) -> None:
-        """A desktop notification where the platform has one; never raises."""
+    def notify(
+        self,
+        body: str,
+        *,
+        title: str = APP_NAME,
+        kind: str | None = None,
+        actions: Sequence[tuple[str, str]] = (),
+        on_action: Callable[[str], None] | None = None,
+        on_closed: Callback | None = None,
+        critical: bool = False,
+    ) -> int | None:
+        """A desktop notification where the platform has one; never raises (see `notify.Notices`)."""
+        return self.notices.send(
+            body, title=title, kind=kind, actions=actions, on_action=on_action, on_closed=on_closed, critical=critical
+        )
+
+    def close_notification(self, nid: int | None) -> None:
+        self.notices.close(nid)
+
+    def _balloon(self, body: str, title: str) -> None:
+        """pystray's own notification (Windows' balloon) where no D-Bus notifier answers."""
+        if getattr(self.icon, "HAS_NOTIFICATION", False):
+            self.icon.notify(body, title)
+
+    def show_yourself(self) -> None:
+        """Bring lmsp-tray forward (a second launch asked): open the menu, else say where it is."""
+        if self.toolkit == "gtk":
+            from gi.repository import GLib
+
+            GLib.idle_add(self._show_on_main_loop)
+            return
+        self._show_by_notification()
+
+    def _show_on_main_loop(self) -> bool:
+        popup = getattr(self.icon, "popup_menu", None)
         try:
-            if getattr(self.icon, "HAS_NOTIFICATION", False):
-                self.icon.notify(message, APP_NAME)
-        except Exception as exc:  # noqa: BLE001 - no notification daemon is not an error
-            log.debug("notification not shown: %s", exc)
+            opened = bool(popup and popup())
+        except Exception as exc:  # noqa: BLE001
+            log.debug("could not open the menu: %s", exc)
+            opened = False
+        if not opened:
+            self._show_by_notification()
+        return False
+
+    def _show_by_notification(self) -> None:
+        where = "Click its icon in the panel for the menu." if self.shown.is_set() else "Its icon is not shown."
+        self.notify(f"{status_text(self.state)}\n{where}", title="lmsp-tray is already running", kind="status")
 
     # -- running ----------------------------------------------------------------------------------
     @property
@@ -357,6 +476,57 @@ class TrayApp:
         self._watch_panel_size()
         assert self._poller is not None
         self._poller.start()
+        self._watch_visibility()
+
+    # -- is it really shown? ------------------------------------------------------------------
+    def _watch_visibility(self) -> None:
+        """Report `on_shown` once the icon is visible; `on_not_shown(reason)` if it is not soon.
+
+        Only GTK's XEmbed icon can say (`Gtk.StatusIcon.is_embedded()`); an AppIndicator icon was
+        chosen because a watcher with a host runs, and pystray raises for the others.
+        """
+        status_icon = getattr(self.icon, "_status_icon", None)
+        if self.toolkit != "gtk" or status_icon is None:
+            self._mark_shown()
+            return
+        from gi.repository import GLib
+
+        deadline = time.monotonic() + EMBED_WAIT_S
+
+        def check() -> bool:
+            if self._stopping.is_set():
+                return False
+            if status_icon.is_embedded():
+                self._mark_shown()
+                return False
+            if time.monotonic() > deadline and not self._not_shown_reported:
+                self._not_shown_reported = True
+                self._report_not_shown()
+            return True  # keep looking: a panel started after us still gets the icon
+
+        GLib.timeout_add(100, check)
+
+    def _mark_shown(self) -> None:
+        if self.shown.is_set():
+            return
+        self.shown.set()
+        if self._not_shown_reported:
+            log.info("the tray icon is shown now")
+        if self.on_shown is not None:
+            try:
+                self.on_shown()
+            except Exception:
+                log.warning("on_shown failed", exc_info=True)
+
+    def _report_not_shown(self) -> None:
+        from lmsp_tray.desktop.toolkit import NO_HOST
+
+        reason = NO_HOST if not self.host_seen else "the system tray did not take the icon"
+        if self.on_not_shown is not None:
+            try:
+                self.on_not_shown(reason)
+            except Exception:
+                log.warning("on_not_shown failed", exc_info=True)
 
     def stop(self) -> None:
         """End `run()` (thread-safe; e.g. on SIGTERM)."""
@@ -413,6 +583,10 @@ class TrayApp:
 
         try:
             status_icon.connect("size-changed", on_size_changed)
+            from gi.repository import GLib
+
+            # This runs on pystray's setup thread: the panel may have sized the icon already.
+            GLib.idle_add(lambda: status_icon.is_embedded() and on_size_changed(status_icon, status_icon.get_size()))
         except Exception as exc:  # noqa: BLE001
             log.debug("no size-changed signal: %s", exc)
 
@@ -427,4 +601,4 @@ def _is_user_error(exc: BaseException) -> bool:
     """Errors with a message meant for people (no traceback in the log needed)."""
     from lmsp_tray.errors import LMSPError
 
-    return isinstance(exc, (LMSPError, ClipboardError, OSError, RuntimeError, ValueError))
+    return isinstance(exc, (LMSPError, ClipboardError, OpenError, OSError, RuntimeError, ValueError))

@@ -13,8 +13,12 @@ folders and stats files, so it is cheap to repeat (a folder watcher may call
 it on every change).
 
 A file that cannot be used still becomes an entry, with `error` set (the API
-shows it in ``state: "error"``): bad magic, truncation, an unsupported
-version, a missing split part or Ollama blob.
+shows it in ``state: "error"``): bad magic, an unsupported version, a missing
+split part or Ollama blob, weights cut short (its header is complete, so it
+already has the id it keeps once complete). A file whose header itself is not
+all there yet (empty, or cut inside the header: a copy or download in
+progress) is no model yet and gets no id, which would change once the header
+is written: it is listed apart, in `incomplete_files()`.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from lmsp_tray.config import Config, Paths
-from lmsp_tray.discovery.entry import GGUFInfo, ModelEntry
+from lmsp_tray.discovery.entry import GGUFInfo, IncompleteFile, ModelEntry
 from lmsp_tray.discovery.naming import base_id, quantization_from_name, unique_ids
 from lmsp_tray.discovery.scan import Found, HeaderCache, find_models, read_headers
 from lmsp_tray.discovery.sources import Source, default_sources
@@ -74,6 +78,7 @@ class _Snapshot:
     entries: tuple[ModelEntry, ...]
     by_id: Mapping[str, ModelEntry]
     by_folded: Mapping[str, ModelEntry]  # lower-case ids, then lower-case aliases
+    incomplete: tuple[IncompleteFile, ...] = ()
 
 
 _EMPTY = _Snapshot((), {}, {})
@@ -130,6 +135,10 @@ class Catalog:
         """All models, sorted by id (the first call scans if `scan()` never ran)."""
         return list(self._current().entries)
 
+    def incomplete_files(self) -> list[IncompleteFile]:
+        """Files whose header is not all there yet (not models, no id), by path."""
+        return list(self._current().incomplete)
+
     def get(self, model_id: str) -> ModelEntry | None:
         """The model with exactly this id, or None."""
         return self._current().by_id.get(model_id)
@@ -160,25 +169,31 @@ class Catalog:
 
     def _scan_locked(self) -> list[ModelEntry]:
         started = time.perf_counter()
+        previous = self._report
         found = find_models(self._sources)
         unique = _drop_duplicates(found)
         headers, hits = read_headers(unique, self._cache, self._workers)
         skipped: Counter[str] = Counter()
-        kept: list[tuple[Found, GGUFInfo | None, str | None]] = []
+        kept: list[tuple[Found, GGUFInfo | None, str | None, bool]] = []
+        incomplete: list[IncompleteFile] = []
         for f, header in zip(unique, headers):
             info = header.info if header else None
             if info is not None and info.kind != "model":
                 skipped[info.kind] += 1
                 continue
             error = f.error or (header.error if header else None) or _split_problem(f, info)
+            partial = bool(header and header.incomplete)
+            if partial and info is None and not f.names and error:
+                incomplete.append(IncompleteFile(f.path, f.source.name, f.size, error))
+                continue
             if info is not None and info.quantization is None:
                 guess = quantization_from_name(f.stem)
                 if guess:
                     info = replace(info, quantization=guess)
-            kept.append((f, info, error))
+            kept.append((f, info, error, partial))
         entries = _name(kept)
         self._cache.save({str(f.path) for f in unique if f.readable})
-        self._snapshot = _snapshot(entries)
+        self._snapshot = _snapshot(entries, tuple(sorted(incomplete, key=lambda i: str(i.path))))
         self._report = ScanReport(
             seconds=time.perf_counter() - started,
             found=len(found),
@@ -189,8 +204,14 @@ class Catalog:
             headers_read=sum(1 for h in headers if h is not None) - hits,
             cache_hits=hits,
         )
-        log.info(
-            "discovery: %d models (%d with errors) in %.3f s", len(entries), self._report.errors, self._report.seconds
+        changed = previous is None or (previous.models, previous.errors) != (self._report.models, self._report.errors)
+        log.log(  # a periodic rescan that found the same is not news
+            logging.INFO if changed or incomplete else logging.DEBUG,
+            "discovery: %d models (%d with errors, %d incomplete files) in %.3f s",
+            len(entries),
+            self._report.errors,
+            len(incomplete),
+            self._report.seconds,
         )
         return list(entries)
 
@@ -222,11 +243,11 @@ def _split_problem(f: Found, info: GGUFInfo | None) -> str | None:
     return None
 
 
-def _name(kept: list[tuple[Found, GGUFInfo | None, str | None]]) -> tuple[ModelEntry, ...]:
-    bases = [(f.names[0] if f.names else base_id(info, f.stem), (f.source.rank, str(f.path))) for f, info, _ in kept]
+def _name(kept: list[tuple[Found, GGUFInfo | None, str | None, bool]]) -> tuple[ModelEntry, ...]:
+    bases = [(f.names[0] if f.names else base_id(info, f.stem), (f.source.rank, str(f.path))) for f, info, *_ in kept]
     ids = unique_ids(bases)
     entries = []
-    for model_id, (f, info, error) in zip(ids, kept):
+    for model_id, (f, info, error, partial) in zip(ids, kept):
         extra = {"aliases": list(f.names[1:])} if len(f.names) > 1 else {}
         entries.append(
             ModelEntry(
@@ -238,16 +259,17 @@ def _name(kept: list[tuple[Found, GGUFInfo | None, str | None]]) -> tuple[ModelE
                 info=info,
                 error=error,
                 extra=extra,
+                incomplete=partial,
             )
         )
     entries.sort(key=lambda e: (e.id.lower(), e.id))
     return tuple(entries)
 
 
-def _snapshot(entries: tuple[ModelEntry, ...]) -> _Snapshot:
+def _snapshot(entries: tuple[ModelEntry, ...], incomplete: tuple[IncompleteFile, ...] = ()) -> _Snapshot:
     by_id = {e.id: e for e in entries}
     folded: dict[str, ModelEntry] = {e.id.lower(): e for e in entries}
     for e in entries:
         for alias in e.extra.get("aliases", ()):
             folded.setdefault(alias.lower(), e)
-    return _Snapshot(entries, by_id, folded)
+    return _Snapshot(entries, by_id, folded, incomplete)

@@ -75,7 +75,23 @@ class ModelEntry:
     info: GGUFInfo | None = None
     error: str | None = None  # why the header could not be read; the model shows state "error"
     extra: dict[str, Any] = field(default_factory=dict)
+    incomplete: bool = False  # the file ends too early (a download or copy still running, or cut short)
 
     @property
     def ok(self) -> bool:
         return self.error is None and self.info is not None
+
+
+@dataclass(frozen=True)
+class IncompleteFile:
+    """A file whose GGUF header is not all there yet (empty, or cut inside the header).
+
+    It is not offered as a model: what it will be called depends on a header not written yet, so
+    any id given now would change once the copy completes. The catalog lists it apart
+    (`Catalog.incomplete_files()`), for the tray and `lmsp-tray models`.
+    """
+
+    path: Path
+    source: str
+    size_bytes: int
+    error: str

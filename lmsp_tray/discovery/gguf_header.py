@@ -73,6 +73,26 @@ class GGUFReadError(GGUFError):
     """The file could not be opened or read (permissions, I/O): may pass, so not cached."""
 
 
+INCOMPLETE = "incomplete file, probably a download or copy that is still running or was cut short"
+
+
+class GGUFIncomplete(GGUFError):
+    """The file ends too early: still being written, or cut short. `info` is set when the whole
+    header was read (only weights are missing), so the model keeps the id it will have when complete."""
+
+    def __init__(self, message: str, info: GGUFInfo | None = None) -> None:
+        super().__init__(message)
+        self.info = info
+
+
+def _rewrap(exc: GGUFError, where: str) -> GGUFError:
+    """The same kind of error, saying where in the file it happened."""
+    message = f"{exc} (while reading {where})"
+    if isinstance(exc, GGUFIncomplete):
+        return GGUFIncomplete(message, exc.info)
+    return GGUFError(message)
+
+
 class _Array:
     """Stands in for an array the reader skipped: only its length is kept."""
 
@@ -199,9 +219,9 @@ _QUANT_SIZES: Mapping[int, tuple[int, int]] = MappingProxyType({int(k): v for k,
 
 
 def _truncated(offset: int, size: int) -> GGUFError:
-    return GGUFError(
-        f"truncated file: the GGUF header runs past the end of the file at byte {offset:,} "
-        f"(the file has {size:,} bytes); it is probably an incomplete download or copy"
+    return GGUFIncomplete(
+        f"{INCOMPLETE}: its GGUF header is truncated, it runs past the end of the file at byte {offset:,} "
+        f"(the file has {size:,} bytes)"
     )
 
 
@@ -222,9 +242,15 @@ def _not_gguf(head: bytes) -> GGUFError:
         guess = "it looks like a safetensors file"
     elif head[:4] == b"FUGG":
         guess = "it is a big-endian GGUF file, which this little-endian machine cannot use"
-    shown = head[:4]
     detail = f"; {guess}" if guess else ""
-    return GGUFError(f"not a GGUF file: it starts with {shown!r} instead of b'GGUF'{detail}")
+    return GGUFError(f'not a GGUF model file: it starts with {describe_bytes(head[:4])} instead of "GGUF"{detail}')
+
+
+def describe_bytes(data: bytes) -> str:
+    """Bytes as a person reads them: `"PK.."` when they are letters, else `the bytes E2 BD CB 5F`."""
+    if data and all(32 <= b < 127 for b in data):
+        return '"' + data.decode("ascii") + '"'
+    return "the bytes " + " ".join(f"{b:02X}" for b in data) if data else "nothing"
 
 
 def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
@@ -252,7 +278,7 @@ def read_gguf_info_from(f: BinaryIO, size: int) -> GGUFInfo:
 
 def _parse(r: _Reader) -> GGUFInfo:
     if r.size == 0:
-        raise GGUFError("empty file (0 bytes): not a GGUF model; perhaps a download that never started")
+        raise GGUFIncomplete("empty file (0 bytes), probably a download or copy that has not started or failed")
     head = r.raw(min(r.size, 64))
     r.pos = 0
     if head[:4] != MAGIC:
@@ -286,22 +312,23 @@ def _parse(r: _Reader) -> GGUFInfo:
             kv[key] = _value(r, vtype, key, checkpoints if key == TOKENS_KEY else None, 0)
     except GGUFError as exc:
         where = f"metadata {key!r}" if key else f"metadata entry {i + 1} of {n_kv}"
-        raise GGUFError(f"{exc} (while reading {where})") from None
+        raise _rewrap(exc, where) from None
     try:
         weights_end, data_start = _tensor_table(r, n_tensors, kv)
     except GGUFError as exc:
-        raise GGUFError(f"{exc} (while reading the tensor table)") from None
+        raise _rewrap(exc, "the tensor table") from None
+    bos = _token_text(r, kv, checkpoints, "tokenizer.ggml.bos_token_id")
+    eos = _token_text(r, kv, checkpoints, "tokenizer.ggml.eos_token_id")
+    info = _info(kv, n_tensors, bos, eos)
     if weights_end is not None and weights_end > r.size:
         missing = weights_end - r.size
         share = 100 * missing / max(weights_end - data_start, 1)
-        raise GGUFError(
-            f"truncated file: it has {r.size:,} bytes but its weights end at byte {weights_end:,}; "
-            f"{missing:,} byte{'s' if missing != 1 else ''} ({share:.1f}% of the weights) missing; "
-            f"probably an incomplete download or copy"
+        raise GGUFIncomplete(
+            f"{INCOMPLETE}: it has {r.size:,} bytes but its weights end at byte {weights_end:,}, so "
+            f"{missing:,} byte{'s' if missing != 1 else ''} ({share:.1f}% of the weights) are missing (truncated)",
+            info,
         )
-    bos = _token_text(r, kv, checkpoints, "tokenizer.ggml.bos_token_id")
-    eos = _token_text(r, kv, checkpoints, "tokenizer.ggml.eos_token_id")
-    return _info(kv, n_tensors, bos, eos)
+    return info
 
 
 def _tensor_table(r: _Reader, n_tensors: int, kv: dict[str, Any]) -> tuple[int | None, int]:
@@ -409,8 +436,8 @@ def _value(r: _Reader, vtype: int, key: str, checkpoints: list[int] | None, dept
 
 
 def _too_long(count: int, r: _Reader) -> GGUFError:
-    return GGUFError(
-        f"corrupt or truncated GGUF header: an array claims {count:,} items, "
+    return GGUFIncomplete(
+        f"{INCOMPLETE} (or a corrupt one): its GGUF header is truncated, an array claims {count:,} items, "
         f"more than the {r.size - r.pos:,} bytes left in the file can hold"
     )
 

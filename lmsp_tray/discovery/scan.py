@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from lmsp_tray.discovery.entry import GGUFInfo
-from lmsp_tray.discovery.gguf_header import GGUFError, GGUFReadError, read_gguf_info
+from lmsp_tray.discovery.gguf_header import GGUFError, GGUFIncomplete, GGUFReadError, read_gguf_info
 from lmsp_tray.discovery.naming import SPLIT_NAME, model_stem, ollama_name, preferred_names
 from lmsp_tray.discovery.sources import Source
 
@@ -279,12 +279,13 @@ class Header:
     error: str | None
     cached: bool = False
     transient: bool = False  # an I/O failure that may pass: not remembered in the cache
+    incomplete: bool = False  # the file ends too early (being written, or cut short)
 
 
 class HeaderCache:
     """Header facts by (path, size, mtime_ns), kept in memory and in a JSON file."""
 
-    VERSION = 1
+    VERSION = 2
 
     def __init__(self, file: Path | None) -> None:
         self.file = file
@@ -302,7 +303,7 @@ class HeaderCache:
         try:
             doc = json.loads(self.file.read_text(encoding="utf-8"))
             if isinstance(doc, dict) and doc.get("schema") == self._schema and isinstance(doc.get("items"), dict):
-                self._items = {k: v for k, v in doc["items"].items() if isinstance(v, list) and len(v) == 4}
+                self._items = {k: v for k, v in doc["items"].items() if isinstance(v, list) and len(v) == 5}
         except (OSError, ValueError, UnicodeDecodeError):
             self._items = {}
 
@@ -320,12 +321,12 @@ class HeaderCache:
         error = item[3] if isinstance(item[3], str) else None
         if info is None and error is None:
             return None
-        return Header(info, error, cached=True)
+        return Header(info, error, cached=True, incomplete=bool(item[4]) and error is not None)
 
     def put(self, path: str, size: int, mtime_ns: int, header: Header) -> None:
         info = {name: getattr(header.info, name) for name in self._fields} if header.info is not None else None
         with self._lock:
-            self._items[path] = [size, mtime_ns, info, header.error]
+            self._items[path] = [size, mtime_ns, info, header.error, header.incomplete]
             self._dirty = True
 
     def save(self, keep: set[str]) -> None:
@@ -350,6 +351,8 @@ class HeaderCache:
 def read_header(path: Path) -> Header:
     try:
         return Header(read_gguf_info(path), None)
+    except GGUFIncomplete as exc:
+        return Header(exc.info, str(exc), incomplete=True)
     except GGUFError as exc:
         return Header(None, str(exc), transient=isinstance(exc, GGUFReadError))
     except Exception as exc:  # a reader bug must cost one model, not the whole scan

@@ -44,6 +44,7 @@ class FolderWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._known = {e.id for e in catalog.entries()}
+        self._known_state = self._state(catalog.entries())
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -63,14 +64,22 @@ class FolderWatcher:
         ids = {e.id for e in entries}
         added, removed = ids - self._known, self._known - ids
         self._known = ids
+        state = self._state(entries)
+        changed, self._known_state = state != self._known_state, state
         if added or removed:
             log.info("models changed: +%s -%s", sorted(added), sorted(removed))
+        if changed:  # also a file that became usable, broke, or is still being copied
             for listener in list(self._listeners):
                 try:
                     listener(entries, added, removed)
                 except Exception:  # a listener's bug must not stop watching
                     log.exception("model folder listener failed")
         return entries
+
+    def _state(self, entries: list[ModelEntry]) -> tuple:
+        """What listeners care about: ids, their errors, and the incomplete files."""
+        incomplete = tuple((str(i.path), i.size_bytes) for i in self._catalog.incomplete_files())
+        return tuple((e.id, e.error, e.size_bytes) for e in entries), incomplete
 
     def _roots(self) -> list[str]:
         return sorted({str(s.root) for s in self._catalog.sources if s.exists()})
