@@ -61,7 +61,14 @@ def test_status_line_shows_url_and_loaded_count_and_copies_url():
     menu = build_menu(TrayState(url=URL, models=models()))
     first = menu[0]
     assert first.text == f"{URL} \u2014 1 of 4 models loaded"
-    assert first.action is Action.COPY_URL and first.default and first.enabled
+    assert first.action is Action.COPY_URL and not first.default and first.enabled
+    opener = find_item(menu, "Open lmsp-tray")
+    assert opener.action is Action.OPEN_CONSOLE and opener.default and opener.enabled  # a plain click opens it
+
+
+def test_open_console_needs_the_server_listening():
+    opener = find_item(build_menu(TrayState(url=None)), "Open lmsp-tray")
+    assert opener.action is Action.OPEN_CONSOLE and not opener.enabled
 
 
 def test_status_line_before_the_server_listens():
@@ -110,6 +117,7 @@ def test_no_models_says_where_to_put_them():
 def test_fixed_entries_in_order():
     menu = build_menu(TrayState(url=URL, models=models(), token_available=True))
     assert texts(menu)[1:] == [
+        "Open lmsp-tray",
         "Models (1/4 loaded)",
         "Unload all",
         "Rescan models",

@@ -74,9 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     autostart = commands.add_parser("autostart", help="start lmsp-tray at login (off by default)")
     autostart.add_argument("action", choices=["enable", "disable", "status"])
 
+    from lmsp_tray.cli.console import add_parser as add_open_parser
     from lmsp_tray.cli.tokens import add_parser as add_tokens_parser
 
     add_tokens_parser(commands)
+    add_open_parser(commands)
     return parser
 
 
@@ -190,7 +192,16 @@ def cmd_serve(paths: Paths, config: Config, args: argparse.Namespace, *, tray: b
         print(f"lmsp-tray is already running at {running.url} (pid {running.pid}).")
         return 0
     catalog = _catalog(paths, config, announce=True)
-    daemon = Daemon(paths, config, catalog=catalog)
+    from lmsp_tray.desktop.autostart import Autostart
+    from lmsp_tray.desktop.system import display_available, open_folder
+
+    daemon = Daemon(
+        paths,
+        config,
+        catalog=catalog,
+        login_item=Autostart.for_platform(),
+        reveal=open_folder if display_available() else None,
+    )
     try:
         sock = daemon.bind()
     except OSError as exc:
@@ -201,7 +212,7 @@ def cmd_serve(paths: Paths, config: Config, args: argparse.Namespace, *, tray: b
         )
     count = sum(1 for e in catalog.entries() if e.ok)
     if tray:
-        from lmsp_tray.desktop.system import display_available, headless_message
+        from lmsp_tray.desktop.system import headless_message
 
         if display_available():
             from lmsp_tray.desktop.backend import run_tray
@@ -248,5 +259,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from lmsp_tray.cli.tokens import run as cmd_tokens
 
         return cmd_tokens(paths, config, args)
+    if args.command == "open":
+        from lmsp_tray.cli.console import run as cmd_open
+
+        return cmd_open(paths, args)
     setup_logging(paths, args.verbose)
     return cmd_serve(paths, config, args, tray=args.command is None)

@@ -43,6 +43,7 @@ class Action(str, enum.Enum):
     """What clicking a menu item asks for; `MenuItemSpec.arg` carries the target."""
 
     COPY_URL = "copy_url"
+    OPEN_CONSOLE = "open_console"  # the console page in the browser
     LOAD_MODEL = "load_model"  # arg: model id
     UNLOAD_MODEL = "unload_model"  # arg: model id
     UNLOAD_ALL = "unload_all"
@@ -282,10 +283,11 @@ def build_menu(state: TrayState) -> list[MenuItemSpec]:
     any_loaded = any(m.state in (LOADED, MODEL_LOADING) for m in state.models)
     loaded, total = state.loaded_count, len(state.models)
     items: list[MenuItemSpec] = [
-        MenuItemSpec(status_line(state), Action.COPY_URL, enabled=state.url is not None, default=True),
+        MenuItemSpec(status_line(state), Action.COPY_URL, enabled=state.url is not None),
     ]
     if state.notice:
         items.append(MenuItemSpec(f"{ERROR_MARK} {clean_text(state.notice, 80)}", enabled=False))
+    items.append(MenuItemSpec("Open lmsp-tray", Action.OPEN_CONSOLE, enabled=state.url is not None, default=True))
     items.append(SEPARATOR)
     items.append(
         MenuItemSpec(f"Models ({loaded}/{total} loaded)" if total else "Models", submenu=models_submenu(state))

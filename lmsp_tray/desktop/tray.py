@@ -95,6 +95,10 @@ class TrayBackend(Protocol):
 
     def models_folder(self) -> Path: ...
 
+    def open_console(self) -> None:
+        """Open the console page in the browser (with a fresh single-use code)."""
+        ...
+
     def access_token(self) -> str | None:
         """The secret of the token to hand to the user; it only ever goes to the clipboard."""
         ...
@@ -255,6 +259,9 @@ class TrayApp:
                 raise RuntimeError("the service is not listening yet")
             self.clipboard.copy(self.state.url)
             return f"Copied {self.state.url}"
+        if action is Action.OPEN_CONSOLE:
+            b.open_console()
+            return None
         if action is Action.LOAD_MODEL:
             b.load_model(_need(arg))
             return f"Loaded {clean_text(_need(arg), 60)}"
@@ -298,6 +305,7 @@ class TrayApp:
         name = clean_text(arg or "", 40)
         return {
             Action.COPY_URL: "Could not copy the URL",
+            Action.OPEN_CONSOLE: "Could not open the console",
             Action.LOAD_MODEL: f"Could not load {name}",
             Action.UNLOAD_MODEL: f"Could not unload {name}",
             Action.UNLOAD_ALL: "Could not unload the models",
