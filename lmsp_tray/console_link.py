@@ -57,12 +57,15 @@ def write_redirect(paths: Paths, url: str) -> Path:
 
 
 def default_browser_sandboxed(
-    environ: Mapping[str, str] | None = None, run: Callable[..., subprocess.CompletedProcess] = subprocess.run
+    environ: Mapping[str, str] | None = None,
+    run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+    which: Callable[[str], str | None] = shutil.which,
+    platform: str = sys.platform,
 ) -> bool:
     """Whether the default browser is a snap or flatpak (Linux), which cannot read the runtime folder."""
-    if not sys.platform.startswith("linux"):
+    if not platform.startswith("linux"):
         return False
-    tool = shutil.which("xdg-settings")
+    tool = which("xdg-settings")
     if not tool:
         return False
     try:

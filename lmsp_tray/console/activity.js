@@ -25,7 +25,7 @@ export function mount(root, context) {
     root,
     h("div", { class: "page" },
       h("div", { class: "page-head" }, h("h1", {}, "Activity"),
-        h("p", { class: "muted" }, "The last 10 minutes; this view refreshes every 2 seconds.")),
+        h("p", { class: "muted" }, "Up to the last 10 minutes; this view refreshes every 2 seconds.")),
       h("div", { class: "charts" }, el.rate.node, el.memory.node),
       h("section", { "aria-labelledby": "requests-title" },
         h("h2", { id: "requests-title" }, "Requests"),
@@ -146,9 +146,11 @@ function chart(title, unit) {
     draw(points, format, secondPoints) {
       const all = points.concat(secondPoints || []);
       const top = Math.max(1e-9, ...all.map(([, v]) => v || 0)) * 1.1;
+      // The time axis spans what there is, from one minute up to the ten the service keeps.
       const end = points.length ? points[points.length - 1][0] : Date.now() / 1000;
-      const start = end - 600;
-      const at = ([t, v]) => `${(((t - start) / 600) * width).toFixed(1)},${(height - ((v || 0) / top) * height).toFixed(1)}`;
+      const span = Math.min(600, Math.max(60, points.length ? end - points[0][0] : 0));
+      const start = end - span;
+      const at = ([t, v]) => `${(((t - start) / span) * width).toFixed(1)},${(height - ((v || 0) / top) * height).toFixed(1)}`;
       main.setAttribute("points", points.map(at).join(" "));
       second.setAttribute("points", (secondPoints || []).map(at).join(" "));
       const last = points.length ? points[points.length - 1][1] : null;
@@ -156,7 +158,7 @@ function chart(title, unit) {
       now.textContent = last === null ? "no data yet" : format(last) + (lastSecond !== null ? ` · models ${format(lastSecond)}` : "");
       svg.setAttribute(
         "aria-label",
-        `${title} over the last 10 minutes: now ${now.textContent}, peak ${format(top / 1.1)}`,
+        `${title} over the last ${Math.round(span / 60)} minutes: now ${now.textContent}, peak ${format(top / 1.1)}`,
       );
     },
   };

@@ -43,7 +43,7 @@ function render(settings) {
     ? `Restart lmsp-tray to apply: ${settings.restart_required.map(labelOf).join(", ")}.`
     : "";
   inputs.clear();
-  replace(el.fields, settings.fields.map((field) => row(field, settings.values[field.key])));
+  replace(el.fields, settings.fields.map((field) => row(field, settings.values[field.key], settings.running[field.key])));
 }
 
 function labelOf(key) {
@@ -51,7 +51,12 @@ function labelOf(key) {
   return field ? field.label : key;
 }
 
-function row(field, value) {
+function shown(value) {
+  if (Array.isArray(value)) return value.length ? value.join(", ") : "none";
+  return value === null || value === undefined || value === "" ? "auto" : String(value);
+}
+
+function row(field, value, running) {
   const id = `setting-${field.key}`;
   let input;
   if (field.kind === "bool") {
@@ -70,10 +75,13 @@ function row(field, value) {
   }
   const help = h("p", { class: "help muted", id: `${id}-help` }, field.help, " ", h("span", { class: `applies ${field.applies}` }, APPLIES[field.applies]));
   const error = h("p", { class: "field-error", id: `${id}-error`, hidden: true });
-  input.setAttribute("aria-describedby", `${id}-help ${id}-error`);
+  // What the service uses now, when it is not what the file says (a command-line option, a pending restart).
+  const differs = running !== undefined && JSON.stringify(running) !== JSON.stringify(value);
+  const effect = differs ? h("p", { class: "in-effect muted", id: `${id}-now` }, `In effect now: ${shown(running)}`) : null;
+  input.setAttribute("aria-describedby", `${id}-help ${id}-error${effect ? ` ${id}-now` : ""}`);
   inputs.set(field.key, { field, input, error });
   const label = h("label", { for: id }, field.label);
-  return h("div", { class: `setting ${field.kind === "bool" ? "bool" : ""}` }, label, input, help, error);
+  return h("div", { class: `setting ${field.kind === "bool" ? "bool" : ""}` }, label, input, help, effect, error);
 }
 
 function valueOf({ field, input }) {

@@ -41,6 +41,8 @@ MAX_REQUESTS = 500
 MAX_LOG_LINES = 500
 MAX_POINTS = 300  # 10 minutes at one point every 2 s
 SAMPLE_INTERVAL_S = 2.0
+# Below this, the text of a short answer reaches the event loop in one burst and a rate means nothing.
+MIN_DECODE_S = 0.05
 
 # Token secrets (lmsp_), pairing poll tokens (lmspp_), console codes (lmspc_), bearer credentials.
 _SECRET = re.compile(r"lmsp[pc]?_[A-Za-z0-9_\-]{8,}|(?i:bearer)\s+[A-Za-z0-9._~+/=\-]{8,}")
@@ -222,7 +224,7 @@ class ActivityLog:
             if figures.first_output is not None:
                 entry.ttft_ms = (figures.first_output - entry.started) * 1000
                 decoding = figures.finished - figures.first_output
-                if figures.tokens_out > 1 and decoding > 0:
+                if figures.tokens_out > 1 and decoding >= MIN_DECODE_S:
                     entry.tokens_per_s = (figures.tokens_out - 1) / decoding
             entry.seq = self._next_seq()
 
