@@ -469,3 +469,33 @@ def test_screenshots_of_every_view(console: Console, browser) -> None:
             assert path.stat().st_size > 5000
             overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
             assert overflow <= 0, f"{view} scrolls sideways at {viewport['width']} px"
+
+
+def test_thinking_is_shown_collapsed(daemon_factory, models_dir: Path, browser) -> None:
+    from chat_templates import DEEPSEEK_R1
+    from gguf_factory import write_tiny_gguf
+
+    # A generated reasoning model (DeepSeek R1's template) that closes its thinking soon.
+    write_tiny_gguf(
+        models_dir / "r1-tiny.gguf",
+        chat_template=DEEPSEEK_R1,
+        basename="r1-tiny",
+        seed=5,
+        context_length=4096,
+        output_scale=0.5,
+        logit_bias={'"': 75.0, "</think>": 65.0},
+    )
+    console = open_console(daemon_factory(), browser)
+    page = console.page
+    page.select_option("#chat-model", "r1-tiny:1m-f32")
+    set_sampling(page, max_tokens=60)
+    page.fill("#chat-prompt", "Think first")
+    page.press("#chat-prompt", "Enter")
+    wait_for(lambda: "out" in (page.locator(".msg.assistant .figures").last.text_content() or ""), 60, "an answer")
+    thinking = page.locator(".msg.assistant details.thinking").last
+    assert thinking.is_visible() and thinking.get_attribute("open") is None  # there, and collapsed
+    assert (thinking.locator(".thinking-body").text_content() or "").strip()
+    thinking.locator("summary").click()
+    assert thinking.get_attribute("open") is not None
+    console.context.close()
+    assert console.errors == []
