@@ -72,3 +72,17 @@ def test_reveal_opens_the_models_folder_through_the_desktop_hook(daemon_factory,
         assert r.status_code == 200 and opened == [(models_dir / "tiny-test-1m-f32.gguf").parent]
     finally:
         daemon.stop_background()
+
+
+def test_the_page_ships_with_the_package() -> None:
+    """pyproject's package-data names every file of the page, so an installed wheel serves it."""
+    import tomllib
+
+    root = Path(__file__).resolve().parent.parent
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["lmsp_tray"]
+    assert "console/*" in patterns
+    files = [p for p in (root / "lmsp_tray" / "console").rglob("*") if p.is_file()]
+    assert files and all(p.parent.name == "console" for p in files), "console/* does not reach into subfolders"
+    from lmsp_tray.http.console_routes import load_assets
+
+    assert set(load_assets()) == {p.name for p in files} | {""}

@@ -4,8 +4,10 @@
 import { bytes, every, h, ms, problemText, replace, toast } from "./ui.js";
 
 const SVG = "http://www.w3.org/2000/svg";
-const MAX_ROWS = 200;
+const MAX_ROWS = 200; // shown
+const KEEP_ROWS = 500; // as many as the service keeps
 const MAX_LINES = 300;
+const CONSOLE = "lmsp-tray console"; // the console's own token
 
 let ctx;
 let el = {};
@@ -21,6 +23,7 @@ export function mount(root, context) {
   el.requests = h("tbody");
   el.log = h("ol", { class: "log", "aria-label": "Service log" });
   el.follow = h("input", { type: "checkbox", id: "log-follow", checked: true });
+  el.own = h("input", { type: "checkbox", id: "own-reads", onchange: () => renderRequests() });
   replace(
     root,
     h("div", { class: "page" },
@@ -28,7 +31,8 @@ export function mount(root, context) {
         h("p", { class: "muted" }, "Up to the last 10 minutes; this view refreshes every 2 seconds.")),
       h("div", { class: "charts" }, el.rate.node, el.memory.node),
       h("section", { "aria-labelledby": "requests-title" },
-        h("h2", { id: "requests-title" }, "Requests"),
+        h("div", { class: "section-head" }, h("h2", { id: "requests-title" }, "Requests"),
+          h("label", { class: "check", for: "own-reads" }, el.own, " Show this console's own reads")),
         h("div", { class: "table-wrap" },
           h("table", { class: "requests" },
             h("thead", {}, h("tr", {},
@@ -66,9 +70,9 @@ async function refresh() {
   cursor = doc.cursor;
   for (const r of doc.requests) rows.set(r.id, r);
   const ids = [...rows.keys()].sort((a, b) => b - a);
-  for (const id of ids.slice(MAX_ROWS)) rows.delete(id);
+  for (const id of ids.slice(KEEP_ROWS)) rows.delete(id);
   lines = lines.concat(doc.log).slice(-MAX_LINES);
-  renderRequests(ids.slice(0, MAX_ROWS).map((id) => rows.get(id)));
+  renderRequests();
   renderLog(doc.log.length > 0);
   const points = doc.series;
   el.rate.draw(points.map((p) => [p.time, p.tokens_per_s]), (v) => `${v.toFixed(1)} tok/s`);
@@ -79,7 +83,13 @@ async function refresh() {
   );
 }
 
-function renderRequests(list) {
+/** The console's own polling (its GET requests) is left out unless asked for: it would drown the rest. */
+function renderRequests() {
+  const mine = (r) => r.app === CONSOLE && (r.method === "GET" || r.method === "HEAD");
+  const list = [...rows.values()]
+    .filter((r) => el.own.checked || !mine(r))
+    .sort((a, b) => b.id - a.id)
+    .slice(0, MAX_ROWS);
   if (!list.length) {
     replace(el.requests, h("tr", {}, h("td", { colspan: 9, class: "muted" }, "No requests yet.")));
     return;

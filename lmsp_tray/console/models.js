@@ -112,7 +112,8 @@ function card(model) {
     const seconds = Math.round((Date.now() - started.get(model.id)) / 1000);
     body.push(
       h("div", { class: "progress" },
-        h("progress", { "aria-label": `${stateText[model.state]} ${model.id}` }),
+        // Indeterminate unless the service reports a fraction (extensions.lmsp_tray.load_progress, 0..1).
+        h("progress", { "aria-label": `${stateText[model.state]} ${model.id}`, max: 1, value: ext.load_progress ?? null }),
         h("span", { class: "muted" }, `${seconds} s`),
       ),
     );
