@@ -28,8 +28,10 @@ def chromium_path() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """One chromium per test module. Not per session: while Playwright's sync API is open it keeps an
+    event loop running on the main thread, and later tests that call asyncio.run() there would fail."""
     path = chromium_path()
     if path is None:
         pytest.skip("Debian's chromium is not installed (apt-get install chromium; .ci/run does it)")

@@ -51,7 +51,7 @@ def test_model_objects_name_their_file_and_memory(client: httpx.Client, models_d
 
 def test_reveal_without_a_desktop_says_where_the_folder_is(client: httpx.Client, models_dir: Path) -> None:
     r = client.post("/console/reveal", json={"model": TINY_ID})
-    assert r.status_code == 503 and str(models_dir) in r.json()["detail"]
+    assert r.status_code == 409 and str(models_dir) in r.json()["detail"]
     assert client.post("/console/reveal", json={"model": "no-such-model"}).status_code == 404
 
 

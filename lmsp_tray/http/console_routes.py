@@ -26,8 +26,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import mimetypes
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
@@ -35,7 +37,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from lmsp_tray.auth.console import ConsoleAccess
-from lmsp_tray.errors import InvalidRequest, ServiceUnavailable
+from lmsp_tray.errors import Conflict, InvalidRequest, ServiceUnavailable
 from lmsp_tray.http.routes import JSON, caller_of, read_json
 from lmsp_tray.serving.activity import ActivityLog
 from lmsp_tray.serving.settings import Settings
@@ -71,7 +73,7 @@ class ConsoleParts:
     access: ConsoleAccess
     activity: ActivityLog | None = None
     settings: Settings | None = None
-    reveal: Any = None  # Callable[[Path], None]: show a folder in the file manager (desktop only)
+    reveal: Callable[[Path], None] | None = None  # show a folder in the file manager (desktop only)
 
 
 def load_assets() -> dict[str, Asset]:
@@ -186,7 +188,7 @@ async def reveal(request: Request) -> Response:
     entry = request.app.state.service.entry(model, param="model")
     opener = _parts(request).reveal
     if opener is None:
-        raise ServiceUnavailable(f"The service runs without a desktop; the folder is {entry.path.parent}.")
+        raise Conflict(f"The service runs without a desktop to show it; the folder is {entry.path.parent}.")
     try:
         await asyncio.to_thread(opener, entry.path.parent)
     except OSError as exc:

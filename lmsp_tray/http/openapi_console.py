@@ -152,7 +152,7 @@ def console_operations() -> dict[str, dict[str, Any]]:
                 "models:manage",
                 {"200": _json("The folder shown.", _ref("ConsoleRevealed"))},
                 body=_body(_ref("ConsoleReveal"), {"model": "qwen3:14b-q4_k_m"}),
-                problems=("404", "503"),
+                problems=("404", "409", "503"),
             )
         },
         "/lmsp/v1/activity": {
