@@ -469,6 +469,16 @@ def test_screenshots_of_every_view(console: Console, browser) -> None:
             assert path.stat().st_size > 5000
             overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
             assert overflow <= 0, f"{view} scrolls sideways at {viewport['width']} px"
+    dark = browser.new_context(viewport=WIDE, color_scheme="dark")  # the page follows the desktop's scheme
+    night = dark.new_page()
+    night.goto(live.daemon.console_link())
+    night.wait_for_selector("#nav:not([hidden])")
+    for view in ("chat", "models"):
+        night.click(f"#nav a[data-view={view}]")
+        night.wait_for_timeout(400)
+        screenshot(night, f"dark-{view}")
+    assert night.evaluate("getComputedStyle(document.body).backgroundColor") == "rgb(20, 23, 28)"
+    dark.close()
 
 
 def test_thinking_is_shown_collapsed(daemon_factory, models_dir: Path, browser) -> None:

@@ -19,7 +19,7 @@ let lines = [];
 export function mount(root, context) {
   ctx = context;
   el.rate = chart("Tokens per second", "tok/s");
-  el.memory = chart("Memory", "bytes");
+  el.memory = chart("Memory", "bytes", ["service", "models"]);
   el.requests = h("tbody");
   el.log = h("ol", { class: "log", "aria-label": "Service log" });
   el.follow = h("input", { type: "checkbox", id: "log-follow", checked: true });
@@ -133,7 +133,7 @@ function renderLog(grew) {
 }
 
 /** A small line chart (SVG built node by node); `draw(points, format, second?)` redraws it. */
-function chart(title, unit) {
+function chart(title, unit, names = ["", ""]) {
   const width = 480;
   const height = 120;
   const svg = document.createElementNS(SVG, "svg");
@@ -165,7 +165,9 @@ function chart(title, unit) {
       second.setAttribute("points", (secondPoints || []).map(at).join(" "));
       const last = points.length ? points[points.length - 1][1] : null;
       const lastSecond = secondPoints && secondPoints.length ? secondPoints[secondPoints.length - 1][1] : null;
-      now.textContent = last === null ? "no data yet" : format(last) + (lastSecond !== null ? ` · models ${format(lastSecond)}` : "");
+      const label = (name, value) => `${name ? `${name} ` : ""}${format(value)}`;
+      now.textContent =
+        last === null ? "no data yet" : label(names[0], last) + (lastSecond !== null ? ` · ${label(names[1], lastSecond)}` : "");
       svg.setAttribute(
         "aria-label",
         `${title} over the last ${Math.round(span / 60)} minutes: now ${now.textContent}, peak ${format(top / 1.1)}`,
