@@ -59,6 +59,9 @@ def analysis_inputs(root: Path, platform: str, *, demo: bool = True) -> dict[str
     datas = [(str(p), "assets") for p in sorted((root / "assets").glob("*.png"))]
     datas += collect_data_files("llama_cpp")
     datas += copy_metadata("keyring")  # keyring finds its backends through entry points
+    datas += [
+        (str(p), "lmsp_tray/console") for p in sorted((root / "lmsp_tray" / "console").glob("*"))
+    ]  # the console page
     binaries = collect_dynamic_libs("llama_cpp")  # libllama / libggml* (or .dll/.dylib) inside the wheel
     hidden = collect_submodules("uvicorn") + collect_submodules("lmsp_tray")
     hidden += PYSTRAY_BACKENDS[platform] + KEYRING_BACKENDS[platform]

@@ -206,7 +206,7 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             raise ConfigError(f"{where}: expected a list of origins like 'http://localhost:3000'")
         return [v.rstrip("/") for v in value]
     if name == "gpu":
-        if value not in {"auto", "off"}:
+        if not isinstance(value, str) or value not in {"auto", "off"}:
             raise ConfigError(f"{where}: expected 'auto' or 'off'")
         return value
     if name in {"default_dirs", "demo_model"}:
@@ -218,7 +218,7 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             raise ConfigError(f"{where}: expected a number in (0, 1]")
         return float(value)
     if name == "host":
-        if value not in {"127.0.0.1", "::1", "localhost"}:
+        if not isinstance(value, str) or value not in {"127.0.0.1", "::1", "localhost"}:
             raise ConfigError(f"{where}: the service only binds loopback (127.0.0.1 or ::1)")
         return value
     if name in {"gpu_layers", "threads", "parallel"} and value is None:

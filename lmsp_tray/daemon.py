@@ -33,11 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
 import socket
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,18 +47,20 @@ from typing import Any
 import uvicorn
 
 from lmsp_tray import __version__
+from lmsp_tray.auth.console import ConsoleAccess
 from lmsp_tray.auth.pairing import Auth, PairingBroker
 from lmsp_tray.auth.tokens import StoreTokenRepository, TokenManager, TokenRepository
 from lmsp_tray.auth.vault import OwnerTokenFile, SecretVault, TokenFileError
 from lmsp_tray.config import Config, Paths
 from lmsp_tray.discovery.catalog import Catalog
-from lmsp_tray.discovery.sources import huggingface_hub_dir
+from lmsp_tray.discovery.sources import default_sources, huggingface_hub_dir
 from lmsp_tray.discovery.watch import FolderWatcher
 from lmsp_tray.engine.load_plan import MAX_DEFAULT_PARALLEL, LoadOptions
-from lmsp_tray.engine.manager import MemoryBudget, ModelManager
+from lmsp_tray.engine.manager import DEFAULT, MemoryBudget, ModelManager
 from lmsp_tray.engine.model import gpu_free
 from lmsp_tray.engine.runtime import Runtime, physical_cores
 from lmsp_tray.http.app import create_app
+from lmsp_tray.http.console_routes import CONSOLE_PATH, ConsoleParts
 from lmsp_tray.http.security import MAX_HEADER_BYTES
 from lmsp_tray.hub.fit import Machine
 from lmsp_tray.hub.pull import Puller
@@ -70,12 +74,14 @@ from lmsp_tray.instance import (
     write_info,
 )
 from lmsp_tray.protocol.downloads import KIND as DOWNLOAD_KIND
+from lmsp_tray.serving.activity import ActivityLog, LogBuffer, Sampler, watch_service
 from lmsp_tray.serving.conversations import Conversations
 from lmsp_tray.serving.downloads import DownloadTasks
 from lmsp_tray.serving.recovery import recover
 from lmsp_tray.serving.replay import Idempotency
 from lmsp_tray.serving.responder import Responder
 from lmsp_tray.serving.service import Capabilities, Service
+from lmsp_tray.serving.settings import LoginItem, Settings
 from lmsp_tray.serving.tasks import TaskManager
 from lmsp_tray.store import Database, Housekeeper, LastUsedBatcher
 from lmsp_tray.store.idempotency_keys import IDEMPOTENCY_TTL_S
@@ -175,7 +181,11 @@ class Daemon:
         vault: SecretVault | None = None,
         token_repository: TokenRepository | None = None,
         lock: InstanceLock | None = None,
+        login_item: LoginItem | None = None,
+        reveal: Callable[[Path], object] | None = None,
     ) -> None:
+        """`login_item` (start at login) and `reveal` (show a folder in the file manager) come from
+        the desktop layer when there is one; the console's settings and "open folder" use them."""
         self.paths = paths
         self.config = config
         self.catalog = catalog
@@ -238,6 +248,12 @@ class Daemon:
         self.downloads = DownloadTasks(self._puller(catalog), self.db, model_for=self._downloaded_model)
         self._queued_downloads = self.downloads.recover()  # a download the last run left resumes
         self.tasks.register_kind(DOWNLOAD_KIND, self.downloads)
+        self.console_access = ConsoleAccess(tokens)
+        self.activity = ActivityLog(output_tokens=self.service.output_tokens, models_bytes=self._models_bytes)
+        watch_service(self.activity, self.service)
+        self._log_buffer = LogBuffer(self.activity)
+        self._sampler = Sampler(self.activity)
+        self.settings = Settings(paths, self._running_config, apply=self.apply_settings, login_item=login_item)
         self.app = create_app(
             self.service,
             self.auth,
@@ -245,10 +261,12 @@ class Daemon:
             conversations=self.conversations,
             tasks=self.tasks,
             downloads=self.downloads,
+            console=ConsoleParts(self.console_access, self.activity, self.settings, reveal),
         )
         self.watcher = FolderWatcher(catalog)
         self.watcher.subscribe(self._models_changed)
         self.url: str | None = None
+        self.port: int | None = None  # the port bound (config.port, or a free one for port 0)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -296,6 +314,37 @@ class Daemon:
                     daemon=True,
                 ).start()
 
+    # -- the console and its settings ------------------------------------------------------------
+    def console_link(self) -> str:
+        """A console URL with a fresh single-use code in its fragment (for the tray; good for a minute)."""
+        if self.url is None:
+            raise RuntimeError("the service is not listening yet")
+        code = self.console_access.issue_code()
+        return f"{self.url.removesuffix('/lmsp/v1')}{CONSOLE_PATH}#code={code.code}"
+
+    def _running_config(self) -> Config:
+        """The configuration in effect, with the port actually bound."""
+        return dataclasses.replace(self.config, port=self.port or self.config.port)
+
+    def _models_bytes(self) -> int:
+        """Memory the loaded models take by their load plans (weights, KV cache, buffers; RAM and VRAM)."""
+        return sum(m.plan.ram_bytes + m.plan.vram_bytes for m in self.models.loaded())
+
+    def apply_settings(self, values: Mapping[str, Any]) -> None:
+        """Settings changed in the console: folders rescan now, keep-alive applies to loaded models,
+        the rest to the next load (`settings.FIELDS` says which is which; the port needs a restart)."""
+        config = dataclasses.replace(self.config, **dict(values))
+        self.config = self.service.config = config
+        if {"models_dirs", "default_dirs"} & values.keys() and isinstance(self.catalog, Catalog):
+            self.catalog.replace_sources(default_sources(self.paths, config))
+            self.watcher.rescan()
+        self.models.reconfigure(
+            load_options(config, self.runtime),
+            memory_budget(config, self.runtime),
+            keep_alive=config.keep_alive if "keep_alive" in values else DEFAULT,
+        )
+        log.info("settings changed: %s", ", ".join(sorted(values)))
+
     # -- serving --------------------------------------------------------------------------------
     def _uvicorn_config(self, sock: socket.socket) -> uvicorn.Config:
         return uvicorn.Config(
@@ -331,7 +380,7 @@ class Daemon:
             raise
         sock.listen(128)
         sock.setblocking(False)
-        bound_port = sock.getsockname()[1]
+        bound_port = self.port = sock.getsockname()[1]
         shown = f"[{host}]" if family == socket.AF_INET6 else host
         self.url = f"http://{shown}:{bound_port}/lmsp/v1"
         return sock
@@ -351,6 +400,8 @@ class Daemon:
             write_discovery_file(self.paths, self.url, self._discovery_owner_id())
             self.watcher.start()
             self._start_keyring_retry()
+            logging.getLogger("lmsp_tray").addHandler(self._log_buffer)
+            self._sampler.start()
             log.info("lmsp-tray %s serving %s", __version__, self.url)
         self._started.set()
         try:
@@ -427,6 +478,8 @@ class Daemon:
         remove_discovery_file(self.paths)
         if self.auth.tokens.owner_ephemeral:
             OwnerTokenFile(self.owner_token_file).remove()
+        self._sampler.stop()
+        logging.getLogger("lmsp_tray").removeHandler(self._log_buffer)
         self.watcher.stop()
         self.models.close()
         self.runtime.close()

@@ -44,6 +44,8 @@ def test_config_file_values(tmp_path: Path) -> None:
         ({"port": 70000}, "65535"),
         ({"host": "0.0.0.0"}, "loopback"),
         ({"gpu": "yes"}, "auto"),
+        ({"gpu": {}}, "auto"),  # an inline table (unhashable) is refused, not a TypeError
+        ({"host": ["127.0.0.1"]}, "loopback"),
         ({"keep_alive": "soon"}, "duration"),
         ({"memory_budget_fraction": 2}, "(0, 1]"),
     ],

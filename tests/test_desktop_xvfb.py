@@ -94,9 +94,14 @@ def colour_share(x: XSession, window: int, shot: Path, activity: str) -> float:
 
 
 def test_the_tray_a_person_meets(tmp_path, models_dir, bus, notifications):
-    """Left-click menu, live menu, idle vs ready, second launch, notifications with buttons, Quit."""
+    """Left-click console, right-click menu, live menu, idle vs ready, second launch, notifications
+    with buttons, Quit."""
+    opened = tmp_path / "browser-opened.txt"
+    browser = tmp_path / "browser.sh"  # the person's browser: records what it was asked to open
+    browser.write_text(f'#!/bin/sh\necho "$1" >> {opened}\n')
+    browser.chmod(0o755)
     with XSession(width=1280, height=720) as x:
-        tray = LiveTray(x, tmp_path, models_dir, bus.address)
+        tray = LiveTray(x, tmp_path, models_dir, bus.address, BROWSER=str(browser))
         try:
             url = tray.url()
             window = tray.icon_window()
@@ -119,12 +124,19 @@ def test_the_tray_a_person_meets(tmp_path, models_dir, bus, notifications):
             shot = x.screenshot("desktop-idle-icon.png")
             assert colour_share(x, window, shot, "idle") > 0.3
 
-            # A left-click opens the menu (it never touches the clipboard).
+            # A left-click opens the console in the browser (through a private redirect file, so the
+            # single-use code is on no command line); it never touches the clipboard.
             subprocess.run(["xclip", "-selection", "clipboard", "-in"], input=b"mine", env=x.env, timeout=10)
             x.click(window, 1)
-            wait_for(lambda: tray.menu().get("open"), TIMEOUT, "the menu to open on a left-click")
+            target = wait_for(lambda: opened.exists() and opened.read_text().split(), TIMEOUT, "the console opened")
+            assert target[0].startswith("file://") and "#" not in target[0]
+            redirect = Path(target[0].removeprefix("file://")).read_text()
+            assert f"{url.removesuffix('/lmsp/v1')}/console/#" in redirect
+            # A right-click opens the menu.
+            x.click(window, 3)
+            wait_for(lambda: tray.menu().get("open"), TIMEOUT, "the menu to open on a right-click")
             assert wait_for(x.popup_windows, TIMEOUT, "the menu window")
-            x.screenshot("desktop-left-click-menu.png")
+            x.screenshot("desktop-right-click-menu.png")
             x.keys("Escape")
             wait_for(lambda: not tray.menu().get("open"), TIMEOUT, "the menu to close")
             held = subprocess.run(
@@ -149,7 +161,8 @@ def test_the_tray_a_person_meets(tmp_path, models_dir, bus, notifications):
                 shot = x.screenshot("desktop-ready-icon.png")
                 assert colour_share(x, window, shot, "ready") > 0.3 and colour_share(x, window, shot, "idle") == 0
 
-                # A second launch (the launcher clicked again) opens the running one's menu.
+                # A second launch (the launcher clicked again) opens the running one's console.
+                before = len(opened.read_text().split())
                 second = subprocess.run(
                     [*program(), "--models-dir", str(models_dir), "--no-default-dirs"],
                     env=tray.env,
@@ -158,10 +171,7 @@ def test_the_tray_a_person_meets(tmp_path, models_dir, bus, notifications):
                     timeout=120,
                 )
                 assert second.returncode == 0 and f"already running at {url}" in second.stdout
-                wait_for(lambda: tray.menu().get("open"), TIMEOUT, "the menu to open on a second launch")
-                x.screenshot("desktop-second-launch.png")
-                x.keys("Escape")
-                wait_for(lambda: not tray.menu().get("open"), TIMEOUT, "the menu to close")
+                wait_for(lambda: len(opened.read_text().split()) > before, TIMEOUT, "the console on a second launch")
 
                 # A pairing request: its own notification, with Approve/Deny; Approve works from there.
                 asked = httpx.post(

@@ -66,9 +66,16 @@ def test_status_line_shows_url_and_loaded_count_and_copies_url():
     menu = build_menu(TrayState(url=URL, models=models()))
     first = menu[0]
     assert first.text == f"{URL} \u2014 1 of 4 models loaded"
-    assert first.action is Action.COPY_URL and first.enabled
-    # A left-click opens the menu: no item is the icon's default action (it used to copy the URL).
-    assert not any(i.default for i in walk(menu))
+    assert first.action is Action.COPY_URL and not first.default and first.enabled
+    opener = find_item(menu, "Open lmsp-tray")
+    assert (
+        opener.action is Action.OPEN_CONSOLE and opener.default and opener.enabled
+    )  # a left-click on the icon opens it
+
+
+def test_open_console_needs_the_server_listening():
+    opener = find_item(build_menu(TrayState(url=None)), "Open lmsp-tray")
+    assert opener.action is Action.OPEN_CONSOLE and not opener.enabled
 
 
 def test_status_line_before_the_server_listens():
@@ -156,6 +163,7 @@ def test_unusable_files_are_listed_apart_and_not_counted():
 def test_fixed_entries_in_order():
     menu = build_menu(TrayState(url=URL, models=models(), token_available=True))
     assert texts(menu)[1:] == [
+        "Open lmsp-tray",
         "Models (1/4 loaded)",
         "Unload all",
         "Rescan models",

@@ -43,7 +43,15 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="th
 def build_key() -> str:
     """Changes whenever anything that goes into the binary changes."""
     digest = hashlib.sha256()
-    files = sorted([*(ROOT / "lmsp_tray").rglob("*.py"), *(ROOT / "assets").glob("*"), SPEC, *SHARED])
+    files = sorted(
+        [
+            *(ROOT / "lmsp_tray").rglob("*.py"),
+            *(ROOT / "lmsp_tray" / "console").glob("*"),
+            *(ROOT / "assets").glob("*"),
+            SPEC,
+            *SHARED,
+        ]
+    )
     for path in files:
         if path.is_file():
             digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
@@ -188,6 +196,10 @@ def test_frozen_program_serves_a_generated_model(frozen, tmp_path, models_dir):
             assert body["object"] == "response" and body["usage"]["output_tokens"] == 4
             assert body["output"][0]["content"][0]["text"]
             assert c.get(f"/models/{TINY_ID}").json()["state"] == "loaded"
+        base = url.removesuffix("/lmsp/v1")
+        for asset in ("/console/", "/console/app.js", "/console/console.css"):  # the console's files are inside
+            page = httpx.get(base + asset, timeout=30)
+            assert page.status_code == 200 and len(page.content) > 500, asset
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
         assert not (tmp_path / "lmsp" / "run" / "service.json").exists()

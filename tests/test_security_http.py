@@ -37,6 +37,12 @@ ENDPOINTS = [
     ("GET", "/auth/pairings", None, "tokens:manage"),
     ("POST", "/auth/pairings/BCDF-GHJK/approve", None, "tokens:manage"),
     ("POST", "/auth/pairings/BCDF-GHJK/deny", None, "tokens:manage"),
+    ("GET", "/responses/resp_01J8M6Q4W2T7N5R3V9X1Z8B0DF/input_items", None, "responses:read"),
+    ("POST", "/console/codes", None, "tokens:manage"),
+    ("POST", "/console/reveal", {"model": TINY_ID}, "models:manage"),
+    ("GET", "/activity", None, "activity:read"),
+    ("GET", "/settings", None, "settings:manage"),
+    ("PATCH", "/settings", {"keep_alive": "10m"}, "settings:manage"),
 ]
 PUBLIC_ENDPOINTS = [
     ("GET", ""),
@@ -44,6 +50,7 @@ PUBLIC_ENDPOINTS = [
     ("GET", "/openapi.json"),
     ("POST", "/auth/pairings"),
     ("GET", "/auth/pairings/pair_01J8M6Q4W2T7N5R3V9X1Z8B0DF"),
+    ("POST", "/console/sessions"),
 ]
 
 

@@ -116,6 +116,9 @@ class Backend:
     def models_folder(self):
         return self.folder
 
+    def open_console(self):
+        self._call("open_console")
+
     def access_token(self):
         self._call("access_token")
         return self.token
@@ -283,7 +286,7 @@ def test_pystray_menu_mirrors_the_specs(pystray_pure):
     items = list(menu)
     texts = [i.text for i in items if i is not pystray_pure.Menu.SEPARATOR]
     assert texts[0].startswith(URL) and texts[-1] == "Quit"
-    assert not any(i.default for i in items)  # a left-click never copies anything
+    assert [i.text for i in items if i.default] == ["Open lmsp-tray"]  # the one default item
     models = next(i for i in items if i.text.startswith("Models")).submenu
     a, b = list(models)
     assert (a.checked, b.checked) == (True, False)
@@ -369,6 +372,7 @@ def test_each_action_calls_the_backend(app):
     app.perform(Action.SET_AUTOSTART, "off")
     app.perform(Action.APPROVE_PAIRING, "p1")
     app.perform(Action.DENY_PAIRING, "p2")
+    app.perform(Action.OPEN_CONSOLE)
     calls = [c for c in app.backend.calls if c[0] != "snapshot"]
     assert calls == [
         ("unload_model", "a"),
@@ -378,6 +382,7 @@ def test_each_action_calls_the_backend(app):
         ("set_autostart", False),
         ("approve_pairing", "p1"),
         ("deny_pairing", "p2"),
+        ("open_console",),
     ]
     assert "Rescanned the models folders: Found 1 model." in app.icon.notes
 

@@ -12,8 +12,11 @@ updated by its own create/revoke, so a revocation is effective on the very
 next request and the keyring is never touched on the request path.
 
 The owner token (name ``lmsp-tray owner``, all scopes) is created at first
-start and kept in the keyring for the tray and the CLI. Keyring entries are
-labelled with the token's name ("lmsp-tray token: my-app").
+start and kept in the keyring for the tray and the CLI; one made before a
+scope was added is replaced at the next start. Keyring entries are labelled
+with the token's name ("lmsp-tray token: my-app"). The console page has a
+token of its own (``lmsp-tray console``, `lmsp_tray.auth.console`); apps
+cannot take either name.
 
 Without a usable keyring (none installed, locked, no D-Bus) — the
 documented fallback:
@@ -59,11 +62,15 @@ SCOPES: tuple[str, ...] = (
     "tasks:create",
     "tasks:read",
     "tokens:manage",
+    "activity:read",
+    "settings:manage",
 )
 RESERVED_SCOPES = frozenset({"tools:execute"})  # LMSP §10: reserved for tool-running extensions; never granted
 SECRET_PREFIX = "lmsp_"
 SECRET_BYTES = 32
 OWNER_NAME = "lmsp-tray owner"
+CONSOLE_NAME = "lmsp-tray console"  # the console page's own token (`lmsp_tray.auth.console`)
+RESERVED_NAMES = frozenset({OWNER_NAME, CONSOLE_NAME})
 MAX_NAME = 64
 MAX_PRESENTED = 256  # longer "tokens" are rejected before hashing
 
@@ -284,9 +291,28 @@ class TokenManager:
     def create(self, name: str, scopes: Iterable[str]) -> IssuedToken:
         """A new token; its secret goes to the keyring when one works (see the module docstring)."""
         name = check_name(name)
-        if name == OWNER_NAME:
-            raise InvalidRequest(f"The name '{OWNER_NAME}' is reserved for the owner token.", param="name")
+        if name in RESERVED_NAMES:
+            raise InvalidRequest(f"The name '{name}' is reserved for lmsp-tray's own tokens.", param="name")
         return self._issue(name, check_scopes(scopes))
+
+    def create_reserved(self, name: str, scopes: Iterable[str]) -> IssuedToken:
+        """A token under one of the `RESERVED_NAMES` (the console's own), which apps cannot take."""
+        if name not in RESERVED_NAMES or name == OWNER_NAME:
+            raise ValueError(f"{name!r} is not a reserved token name")
+        return self._issue(name, check_scopes(scopes))
+
+    def secret_of(self, record: TokenRecord) -> str | None:
+        """The secret of `record` from the keyring, if it is there and matches (blocking: 0.1-0.3 s)."""
+        if self.vault is None:
+            return None
+        try:
+            secret = self.vault.load(record.id)
+        except KeyringUnavailable as exc:
+            self.keyring_error = exc
+            return None
+        if secret and hmac.compare_digest(hash_secret(secret), record.secret_hash):
+            return secret
+        return None
 
     def _issue(self, name: str, scopes: tuple[str, ...]) -> IssuedToken:
         secret = generate_secret()
@@ -384,6 +410,8 @@ class TokenManager:
             if self.vault is None:
                 raise KeyringUnavailable("no keyring is configured", kind="no_backend")
             for record in reversed(owners):
+                if set(record.scopes) != set(SCOPES):
+                    continue  # made before a scope was added: replaced below by one with every scope
                 secret = self.vault.load(record.id)
                 if secret and hmac.compare_digest(hash_secret(secret), record.secret_hash):
                     self._set_owner(record, secret, ephemeral=False)
@@ -394,7 +422,7 @@ class TokenManager:
             log.warning("%s", exc)
             self._session_owner()
             return
-        for record in owners:  # their secrets are gone from the keyring: nobody can use them
+        for record in owners:  # secrets gone from the keyring (nobody can use them), or scopes outdated
             self._revoke(record)
         issued = self._issue(OWNER_NAME, SCOPES)
         if not issued.in_keyring:  # the keyring failed between the check and the write

@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_tokens_parser(commands)
     add_pull_parser(commands)
+    from lmsp_tray.cli.console import add_parser as add_open_parser
+
+    add_open_parser(commands)
     return parser
 
 
@@ -228,7 +231,17 @@ def cmd_serve(
 
     first_run = not paths.database.exists()
     catalog = _catalog(paths, config, announce=True)
-    daemon = Daemon(paths, config, catalog=catalog, lock=lock)
+    from lmsp_tray.desktop.autostart import Autostart
+    from lmsp_tray.desktop.system import display_available, open_folder
+
+    daemon = Daemon(
+        paths,
+        config,
+        catalog=catalog,
+        lock=lock,
+        login_item=Autostart.for_platform(),
+        reveal=open_folder if display_available() else None,
+    )
     try:
         sock = daemon.bind()
     except OSError as exc:
@@ -246,7 +259,7 @@ def cmd_serve(
     write_info(paths, SERVICE, url=daemon.url)
     count = sum(1 for e in catalog.entries() if e.ok)
     if tray:
-        from lmsp_tray.desktop.system import display_available, headless_message
+        from lmsp_tray.desktop.system import headless_message
 
         if display_available():
             from lmsp_tray.desktop.backend import run_tray
@@ -352,6 +365,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from lmsp_tray.cli.pull import run as cmd_pull
 
         return cmd_pull(paths, config, args)
+    if args.command == "open":
+        from lmsp_tray.cli.console import run as cmd_open
+
+        return cmd_open(paths, args)
     from lmsp_tray.cli.tokens import run as cmd_tokens
 
     return cmd_tokens(paths, config, args)

@@ -187,14 +187,14 @@ def _direct(paths: Paths, args: argparse.Namespace) -> int:
 
 
 # -- with a running service: its API ------------------------------------------------------------
-def _credentials(paths: Paths, holder: Any) -> str:
+def _credentials(paths: Paths, holder: Any | None) -> str:
     """LMSP_TRAY_TOKEN, else the owner token from the keyring, else the owner token file."""
     from lmsp_tray.auth.vault import KeyringUnavailable, OwnerTokenFile, SecretVault, TokenFileError
 
     token = os.environ.get(TOKEN_ENV, "").strip()
     if token:
         return token
-    runtime = Path(holder.runtime_dir) if holder.runtime_dir else paths.runtime_dir
+    runtime = Path(holder.runtime_dir) if holder is not None and holder.runtime_dir else paths.runtime_dir
     try:
         owner_id = json.loads((runtime / paths.discovery_file.name).read_text(encoding="utf-8")).get("owner_token_id")
     except (OSError, ValueError, AttributeError):

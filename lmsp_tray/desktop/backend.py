@@ -316,6 +316,12 @@ class DaemonTrayBackend:
     def models_folder(self) -> Path:
         return self.daemon.paths.models_dir
 
+    def open_console(self) -> None:
+        """The console in the default browser, through a redirect file (`console_link`)."""
+        from lmsp_tray.console_link import open_in_browser
+
+        open_in_browser(self.daemon.paths, self.daemon.console_link())
+
     def access_token(self) -> str | None:
         return self.hooks.access_token()
 

@@ -48,6 +48,7 @@ class Action(str, enum.Enum):
     """What clicking a menu item asks for; `MenuItemSpec.arg` carries the target."""
 
     COPY_URL = "copy_url"
+    OPEN_CONSOLE = "open_console"  # the console page in the browser
     LOAD_MODEL = "load_model"  # arg: model id
     UNLOAD_MODEL = "unload_model"  # arg: model id
     UNLOAD_ALL = "unload_all"
@@ -443,6 +444,7 @@ def build_menu(state: TrayState) -> list[MenuItemSpec]:
     items: list[MenuItemSpec] = [MenuItemSpec(status_line(state), Action.COPY_URL, enabled=state.url is not None)]
     if state.notice:
         items.append(notice_item(state.notice))
+    items.append(MenuItemSpec("Open lmsp-tray", Action.OPEN_CONSOLE, enabled=state.url is not None, default=True))
     items.append(SEPARATOR)
     items.append(
         MenuItemSpec(f"Models ({loaded}/{total} loaded)" if total else "Models", submenu=models_submenu(state))

@@ -339,7 +339,7 @@ class MenuHooks:
 
     specs: Callable[[], list[MenuItemSpec]]
     click: Callable[[Action, str | None], None]
-    primary: Callable[[], None] | None = None  # left-click; None: open the menu
+    primary: Callable[[], bool] | None = None  # left-click; None, or False returned: open the menu
 
 
 def icon_class(pystray: ModuleType, hooks: MenuHooks | None = None) -> type:
@@ -421,9 +421,7 @@ def _gtk_icon(base: type, name: str, hooks: MenuHooks) -> type:
         def _on_status_icon_activate(self, status_icon: Any) -> None:
             """A left-click: the app's primary action, else the menu (never a hidden default item)."""
             primary = self._lmsp_hooks.primary
-            if primary is not None:
-                primary()
-            else:
+            if primary is None or not primary():
                 gtkmenu.popup(self._menu_handle, status_icon)
 
         def popup_menu(self) -> bool:

@@ -10,9 +10,11 @@ takes seconds): each runs on a worker thread, and a failure becomes a
 notification plus a "⚠ ..." line in the menu and the error icon, never a
 traceback.
 
-A left-click opens the menu (`MenuHooks.primary` may make it open a page
-instead); a second launch of lmsp-tray calls `show_yourself()`, which opens the
-menu where the toolkit allows and raises a notification elsewhere. Notifications
+A left-click opens the console page (`open_console`) once the service
+listens, the menu before that and on a right-click (an AppIndicator panel
+always shows the menu); a second launch of lmsp-tray calls `show_yourself()`,
+which opens the console the same way, else the menu where the toolkit allows,
+else a notification. Notifications
 go through `lmsp_tray.desktop.notify.Notifier` (own ids per kind, actions) when a
 notification server listens, else through pystray.
 
@@ -116,6 +118,10 @@ class TrayBackend(Protocol):
 
     def models_folder(self) -> Path: ...
 
+    def open_console(self) -> None:
+        """Open the console page in the browser (with a fresh single-use code)."""
+        ...
+
     def access_token(self) -> str | None:
         """The secret of the token to hand to the user; it only ever goes to the clipboard."""
         ...
@@ -180,7 +186,7 @@ class TrayApp:
         self.state = self._overlay(self._safe_snapshot())
         self._service_notice: str | None = None  # the first poll announces a notice there at start
         self._shown_activity = self.state.activity
-        self.hooks = MenuHooks(specs=self.menu_specs, click=self.click)
+        self.hooks = MenuHooks(specs=self.menu_specs, click=self.click, primary=self.open_console)
         icon_type = icon_class(self.pystray, self.hooks)
         self.icon = icon_type(
             APP_NAME,
@@ -316,6 +322,9 @@ class TrayApp:
                 raise RuntimeError("the service is not listening yet")
             self.clipboard.copy(self.state.url)
             return "Copied the URL", f"{self.state.url} is on the clipboard."
+        if action is Action.OPEN_CONSOLE:
+            b.open_console()
+            return None
         if action is Action.LOAD_MODEL:
             b.load_model(_need(arg))
             return f"Loaded {clean_text(_need(arg), 60)}", "It answers requests now."
@@ -375,6 +384,7 @@ class TrayApp:
         name = clean_text(arg or "", 40)
         return {
             Action.COPY_URL: "Could not copy the URL",
+            Action.OPEN_CONSOLE: "Could not open the console",
             Action.LOAD_MODEL: f"Could not load {name}",
             Action.UNLOAD_MODEL: f"Could not unload {name}",
             Action.UNLOAD_ALL: "Could not unload the models",
@@ -413,15 +423,27 @@ class TrayApp:
             self.icon.notify(body, title)
 
     def show_yourself(self) -> None:
-        """Bring lmsp-tray forward (a second launch asked): open the menu, else say where it is."""
+        """Bring lmsp-tray forward (a second launch asked): open the console, else the menu, else
+        say where it is."""
         if self.toolkit == "gtk":
             from gi.repository import GLib
 
             GLib.idle_add(self._show_on_main_loop)
             return
-        self._show_by_notification()
+        if not self.open_console():
+            self._show_by_notification()
+
+    def open_console(self) -> bool:
+        """Open the console page in the browser (a worker does it); False while the service does not
+        listen yet, so the caller shows the menu instead."""
+        if not self.state.url:
+            return False
+        self.click(Action.OPEN_CONSOLE)
+        return True
 
     def _show_on_main_loop(self) -> bool:
+        if self.open_console():
+            return False
         popup = getattr(self.icon, "popup_menu", None)
         try:
             opened = bool(popup and popup())

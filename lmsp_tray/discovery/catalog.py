@@ -117,6 +117,11 @@ class Catalog:
     def sources(self) -> tuple[Source, ...]:
         return self._sources
 
+    def replace_sources(self, sources: Sequence[Source]) -> None:
+        """Scan these folders from the next scan on (the model folders were changed in the settings)."""
+        with self._scan_lock:
+            self._sources = tuple(sources)
+
     @property
     def last_report(self) -> ScanReport | None:
         return self._report

@@ -122,6 +122,19 @@ class ModelManager:
     def plan(self, entry: ModelEntry) -> LoadPlan:
         return plan_load(entry, self._options, gpu_free_bytes=gpu_free(self._runtime), cores=physical_cores())
 
+    def reconfigure(
+        self, options: LoadOptions, budget: MemoryBudget, *, keep_alive: float | None | str = DEFAULT
+    ) -> None:
+        """Settings changed: loads from now on follow `options` and `budget`; a new default
+        `keep_alive` (seconds, None: never) also applies to the models loaded now."""
+        with self._lock:
+            self._options = options
+            self._budget = budget
+            if keep_alive != DEFAULT:
+                self._default_keep_alive = keep_alive  # type: ignore[assignment]
+                for record in self._records.values():
+                    record.keep_alive = keep_alive  # type: ignore[assignment]
+
     # -- loading --------------------------------------------------------------------------------
     def _settled(self, model_id: str, waited: _Record) -> bool:
         """Whether the load or unload of `waited` is over (or its record was replaced); under the lock."""

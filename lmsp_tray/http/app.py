@@ -6,11 +6,14 @@ from typing import Any
 
 from starlette.applications import Starlette
 
+from lmsp_tray.auth.console import ConsoleAccess
 from lmsp_tray.auth.pairing import Auth
 from lmsp_tray.errors import UnsupportedVersion
 from lmsp_tray.http.auth_routes import AUTH_ROUTES
+from lmsp_tray.http.console_routes import CONSOLE_API_ROUTES, CONSOLE_PAGE_ROUTES, ConsoleParts, load_assets
 from lmsp_tray.http.download_routes import DOWNLOAD_ROUTES
 from lmsp_tray.http.problems import EXCEPTION_HANDLERS, send_problem
+from lmsp_tray.http.recorder import ActivityRecorder
 from lmsp_tray.http.routes import ROUTES
 from lmsp_tray.http.security import SecurityMiddleware, SecurityPolicy
 from lmsp_tray.http.stored_routes import STORED_ROUTES
@@ -53,7 +56,8 @@ class VersionMiddleware:
 
 
 def all_routes() -> list[Any]:
-    return [*DOWNLOAD_ROUTES, *ROUTES, *STORED_ROUTES, *AUTH_ROUTES]
+    """The API's routes (everything under /lmsp/v1)."""
+    return [*DOWNLOAD_ROUTES, *ROUTES, *STORED_ROUTES, *AUTH_ROUTES, *CONSOLE_API_ROUTES]
 
 
 def create_app(
@@ -64,17 +68,26 @@ def create_app(
     conversations: Any = None,
     tasks: Any = None,
     downloads: Any = None,
+    console: ConsoleParts | None = None,
 ) -> Any:
-    """The ASGI app: security checks first (Host, Origin, token), then the version rule, then the routes.
+    """The ASGI app: the activity recorder (when there is an activity log), security checks (Host,
+    Origin, token), the version rule, then the routes: the API and the console page.
 
     The daemon passes `responder`, `conversations` and `tasks` (built over the store); without them
-    `store` and `Idempotency-Key` are ignored and the stored-response and task endpoints answer 503."""
-    app = Starlette(routes=all_routes(), exception_handlers=dict(EXCEPTION_HANDLERS))
+    `store` and `Idempotency-Key` are ignored and the stored-response and task endpoints answer 503.
+    It also passes `console` (the code exchange, activity log, settings); without it the console's
+    code exchange still works but its activity and settings endpoints answer 503."""
+    routes = [*all_routes(), *CONSOLE_PAGE_ROUTES]
+    app = Starlette(routes=routes, exception_handlers=dict(EXCEPTION_HANDLERS))
     app.state.service = service
     app.state.auth = auth
     app.state.responder = responder or Responder(service)
     app.state.conversations = conversations
     app.state.tasks = tasks
     app.state.downloads = downloads
+    app.state.console = console or ConsoleParts(ConsoleAccess(auth.tokens))
+    app.state.console_assets = load_assets()
     policy = SecurityPolicy.build(service.config.allowed_origins, service.config.max_request_bytes)
-    return SecurityMiddleware(VersionMiddleware(app), tokens=auth.tokens, policy=policy)
+    secured = SecurityMiddleware(VersionMiddleware(app), tokens=auth.tokens, policy=policy)
+    activity = app.state.console.activity
+    return secured if activity is None else ActivityRecorder(secured, activity)

@@ -208,7 +208,10 @@ def _schemas() -> dict[str, Any]:
             "token_id": _nullable(STR),
         }
     )
+    from lmsp_tray.http.openapi_console import console_schemas
+
     schemas: dict[str, Any] = {
+        **console_schemas(),
         **defs,
         "ResponseCreate": request,
         "Problem": problem,
@@ -616,6 +619,9 @@ def build_openapi(example_model: str | None = None) -> dict[str, Any]:
             )
         },
     }
+    from lmsp_tray.http.openapi_console import console_operations  # it builds on this module's helpers
+
+    ops.update(console_operations())
     return {
         "openapi": "3.1.0",
         "info": {

@@ -112,7 +112,12 @@ async def service_document(request: Request) -> Response:
 
 
 async def list_models(request: Request) -> Response:
-    return JSON({"object": "list", "data": _service(request).list_models()})
+    service = _service(request)
+    listing: dict[str, Any] = {"object": "list", "data": service.list_models()}
+    incomplete = service.incomplete_files()
+    if incomplete:  # files that are not models yet, apart from the list (this service's extension)
+        listing["extensions"] = {"lmsp_tray": {"incomplete_files": incomplete}}
+    return JSON(listing)
 
 
 async def get_model(request: Request) -> Response:

@@ -8,10 +8,13 @@ request passes, in this order:
    served; anything else, an empty or a missing Host → ``403 forbidden_host``.
    This defeats DNS rebinding: a page on ``attacker.example`` that resolves
    to 127.0.0.1 still sends ``Host: attacker.example``.
-2. **Origin** — a request with an ``Origin`` not on the configured
-   allow-list → ``403 forbidden_origin``. Without configured origins no CORS
-   header is ever sent; with them, the exact origin is echoed (never ``*``),
-   and preflight ``OPTIONS`` requests are answered here.
+2. **Origin** — a request with an ``Origin`` that is neither the service's
+   own (``http://`` + the Host it was sent to: the console page served under
+   ``/console/``) nor on the configured allow-list → ``403
+   forbidden_origin``. The own origin needs and gets no CORS header.
+   Without configured origins no CORS header is ever sent; with them, the
+   exact origin is echoed (never ``*``), and preflight ``OPTIONS`` requests
+   are answered here.
 3. **Bearer token and scope** — `ROUTE_SCOPES` is the one table saying
    which scope each endpoint needs (`PUBLIC` for the few that need none).
    No, a malformed or an unknown/revoked token → ``401 unauthorized`` with
@@ -75,12 +78,20 @@ ROUTE_SCOPES: tuple[tuple[str, str, str], ...] = (
     ("GET", r"/lmsp/v1/tasks/[^/]+", "tasks:read"),
     ("GET", r"/lmsp/v1/tasks/[^/]+/events", "tasks:read"),
     ("POST", r"/lmsp/v1/tasks/[^/]+/cancel", "tasks:create"),
+    ("GET", r"/lmsp/v1/responses/[^/]+/input_items", "responses:read"),
+    ("POST", r"/lmsp/v1/console/sessions", PUBLIC),  # needs a single-use console code instead
+    ("POST", r"/lmsp/v1/console/codes", "tokens:manage"),  # a console code leads to a token
+    ("POST", r"/lmsp/v1/console/reveal", "models:manage"),
+    ("GET", r"/lmsp/v1/activity", "activity:read"),
+    ("GET", r"/lmsp/v1/settings", "settings:manage"),
+    ("PATCH", r"/lmsp/v1/settings", "settings:manage"),
+    ("GET", r"/console(/.*)?", PUBLIC),  # the console page's static files; its API calls carry its token
 )
 _COMPILED = tuple((m, re.compile(p), s) for m, p, s in ROUTE_SCOPES)
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
 REALM = 'Bearer realm="lmsp"'
-CORS_METHODS = "GET, POST, DELETE, OPTIONS"
+CORS_METHODS = "GET, POST, PATCH, DELETE, OPTIONS"
 CORS_HEADERS = "Authorization, Content-Type, LMSP-Version, Idempotency-Key, Last-Event-ID"
 CORS_EXPOSE = "LMSP-Version, WWW-Authenticate, Retry-After, Location, Idempotent-Replayed"
 CORS_MAX_AGE = "600"
@@ -178,8 +189,9 @@ class SecurityMiddleware:
 
         origins = [v for k, v in headers if k == b"origin"]
         origin = origins[0].decode("latin-1").strip() if origins else None
+        own_origin = "http://" + hosts[0].decode("latin-1").strip().lower()
         cors: list[tuple[bytes, bytes]] = []
-        if origins:
+        if origins and not (len(origins) == 1 and origin is not None and origin.rstrip("/").lower() == own_origin):
             if len(origins) != 1 or origin is None or origin.rstrip("/").lower() not in self.policy.allowed_origins:
                 await send_problem(
                     send,

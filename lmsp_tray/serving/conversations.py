@@ -116,6 +116,15 @@ class Conversations:
             )
         return found.response
 
+    async def input_items(self, response_id: str, *, owner: str | None = None) -> list[dict[str, Any]]:
+        """The stored turn's own input items, as the client sent them (a string became one message)."""
+        found = await self.db.aread(stored_responses.get, response_id, owner=owner)
+        if found is None:
+            raise ResponseNotFound(
+                f"No stored response '{response_id}'. Only responses created with \"store\": true are kept."
+            )
+        return list(found.input_items)
+
     async def delete(self, response_id: str, *, owner: str | None = None) -> dict[str, Any]:
         if not await self.db.awrite(stored_responses.delete, response_id, owner=owner):
             raise ResponseNotFound(f"No stored response '{response_id}'.")

@@ -88,6 +88,11 @@ class ResponseRun:
         self.error: LMSPError | None = None
         self.finish: Finish | None = None  # how generation ended (cached_tokens: prompt reused from KV cache)
         self._cancel_error: LMSPError | None = None
+        # For the activity view: when it started and first produced text, and the text pieces so far
+        # (about one per token; the final count is `finish.output_tokens`).
+        self.created = time.monotonic()
+        self.first_output: float | None = None
+        self.pieces = 0
 
     @property
     def response_id(self) -> str:
@@ -108,6 +113,9 @@ class ResponseRun:
             while True:
                 item = await self._queue.get()
                 if isinstance(item, str):
+                    if self.first_output is None:
+                        self.first_output = time.monotonic()
+                    self.pieces += 1
                     for event in apply(asm, self._parser.feed(item)):
                         yield event
                     continue
@@ -158,6 +166,8 @@ class Service:
         self.capabilities = capabilities or Capabilities()
         self.started_at = time.time()
         self._runs: set[ResponseRun] = set()
+        self._run_listeners: list[Callable[[ResponseRun], None]] = []
+        self._finished_output_tokens = 0
 
     # -- service document -----------------------------------------------------------------------
     def service_document(self) -> dict[str, Any]:
@@ -207,17 +217,23 @@ class Service:
             "source": entry.source,
             "error": problem,
         }
+        ext: dict[str, Any] = {"path": str(entry.path), "file_name": entry.path.name}
+        if entry.error:
+            ext["file_error"] = entry.error  # the file itself cannot be used (not a failed load)
         if loaded is not None:
             p = loaded.placement
-            obj["extensions"] = {
-                "lmsp_tray": {
-                    "device": p.device,
-                    "placement": p.description,
-                    "gpu_layers": p.gpu_layers,
-                    "parallel": loaded.parallel,
-                    "loaded_at": int(loaded.loaded_at),
-                }
-            }
+            ext.update(
+                device=p.device,
+                placement=p.description,
+                gpu_layers=p.gpu_layers,
+                total_layers=p.total_layers,
+                threads=p.threads,
+                parallel=loaded.parallel,
+                loaded_at=int(loaded.loaded_at),
+                memory_bytes=loaded.plan.ram_bytes,  # estimated from the load plan
+                gpu_memory_bytes=loaded.plan.vram_bytes,
+            )
+        obj["extensions"] = {"lmsp_tray": ext}
         return obj
 
     def model_capabilities(self, entry: ModelEntry) -> list[str]:
@@ -225,6 +241,23 @@ class Service:
 
     def list_models(self) -> list[dict[str, Any]]:
         return [self.model_object(e) for e in self.catalog.entries()]
+
+    def incomplete_files(self) -> list[dict[str, Any]]:
+        """GGUF files found whose header is not all there yet (a copy or download in progress, or cut
+        short): not models, listed apart so a person sees why they are missing."""
+        listing = getattr(self.catalog, "incomplete_files", None)
+        if listing is None:
+            return []
+        return [
+            {
+                "file_name": f.path.name,
+                "path": str(f.path),
+                "source": f.source,
+                "size_bytes": f.size_bytes,
+                "error": f.error,
+            }
+            for f in listing()
+        ]
 
     def get_model(self, model_id: str) -> dict[str, Any]:
         return self.model_object(self.entry(model_id))
@@ -263,7 +296,7 @@ class Service:
                 if attempt:
                     raise  # unloaded twice in a row: give up
         assembler = ResponseAssembler(entry.id, response_id=response_id)
-        run = ResponseRun(assembler, job, queue, on_done=self._runs.discard, parser=plan.parser(job.grammar_trigger))  # type: ignore[arg-type]
+        run = ResponseRun(assembler, job, queue, on_done=self._run_done, parser=plan.parser(job.grammar_trigger))  # type: ignore[arg-type]
         self._runs.add(run)
         return run
 
@@ -349,6 +382,26 @@ class Service:
             visible_tokens=plan.visible_tokens,
         )
         return job, queue
+
+    # -- observing runs (the activity view) ----------------------------------------------------
+    def add_run_listener(self, listener: Callable[[ResponseRun], None]) -> None:
+        """`listener(run)` is called when a response ends, in the context of whoever read it."""
+        self._run_listeners.append(listener)
+
+    def _run_done(self, run: ResponseRun) -> None:
+        if run not in self._runs:
+            return  # the generator's clean-up runs once; this guards against a second call
+        self._runs.discard(run)
+        self._finished_output_tokens += run.finish.output_tokens if run.finish is not None else run.pieces
+        for listener in list(self._run_listeners):
+            try:
+                listener(run)
+            except Exception:  # a broken observer must not break a response
+                log.exception("run listener failed")
+
+    def output_tokens(self) -> int:
+        """Tokens generated since start: finished responses' counts plus running ones' pieces so far."""
+        return self._finished_output_tokens + sum(run.pieces for run in list(self._runs))
 
     # -- shutdown -------------------------------------------------------------------------------
     def cancel_all(self) -> None:
