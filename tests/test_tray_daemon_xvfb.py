@@ -192,35 +192,45 @@ def test_real_program_tray_drives_the_daemon(tray, xsession, models_dir):
         # terminal event, unloads, removes the discovery file and exits 0.
         api.post(f"/models/{SLOW_ID}/load").raise_for_status()
         checked(tray, SLOW_ID, True, "the slow model loaded")
-        events: list[str] = []
-        streaming = threading.Event()
 
-        def stream() -> None:
-            with (
-                httpx.Client(base_url=url, timeout=120, headers=auth) as c,
-                c.stream(
-                    "POST",
-                    "/responses",
-                    json={"model": SLOW_ID, "input": "x", "max_output_tokens": 4000, "stream": True},
-                ) as r,
-            ):
-                for event in iter_sse(r):
-                    if isinstance(event, SSE):
-                        events.append(event.event)
-                        if event.event == "response.output_text.delta":
-                            streaming.set()
+        def start_stream() -> tuple[threading.Thread, list[str]]:
+            """A 4000-token stream in a thread, returned once its first delta arrived."""
+            events: list[str] = []
+            streaming = threading.Event()
 
-        reader = threading.Thread(target=stream, daemon=True)
-        reader.start()
-        assert streaming.wait(60)
+            def stream() -> None:
+                with (
+                    httpx.Client(base_url=url, timeout=120, headers=auth) as c,
+                    c.stream(
+                        "POST",
+                        "/responses",
+                        json={"model": SLOW_ID, "input": "x", "max_output_tokens": 4000, "stream": True},
+                    ) as r,
+                ):
+                    for event in iter_sse(r):
+                        if isinstance(event, SSE):
+                            events.append(event.event)
+                            if event.event == "response.output_text.delta":
+                                streaming.set()
+
+            reader = threading.Thread(target=stream, daemon=True)
+            reader.start()
+            assert streaming.wait(60)
+            return reader, events
+
+        shown_reader, _ = start_stream()
         tray.wait_item("Models", SLOW_ID, check=lambda i: i["text"].endswith("\u2014 generating"))
         wait_for(lambda: tray.menu().get("activity") == "serving", TIMEOUT, "the serving icon")
         tray.show("Models", screenshot="daemon-tray-menu-generating.png")
         assert tray.icon_colour_share(ROOT / "test-artifacts" / "daemon-tray-menu-generating.png", "serving") > 0.3
 
+        # A fast machine may finish the first 4000 tokens while the screenshot is taken: Quit
+        # right after a fresh stream's first delta, so the stream is surely still running.
+        reader, events = start_stream()
         tray.choose("Quit", closes=False)  # the process ends: no more menu dumps
         assert tray.wait_exit(60) == 0
         reader.join(30)
+        shown_reader.join(30)
         assert events and events[-1] in {"response.cancelled", "response.failed"}
         assert not tray.discovery_file.exists()
         with pytest.raises(httpx.HTTPError):
