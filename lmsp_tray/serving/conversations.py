@@ -25,6 +25,7 @@ from typing import Any
 
 from lmsp_tray.errors import ContextLengthExceeded, LMSPError, ResponseNotFound
 from lmsp_tray.protocol.requests import ResponseRequest, parse_response_create
+from lmsp_tray.serving import storage
 from lmsp_tray.store import Database, stored_responses
 from lmsp_tray.store.stored_responses import StoredResponse
 
@@ -92,16 +93,7 @@ class Conversations:
         previous = request.previous_response_id
         if previous is None:
             return PreparedRequest(request, own, owner)
-        try:
-            turns = await self.db.aread(stored_responses.chain, previous, owner=owner)
-        except ResponseNotFound as exc:
-            if exc.detail.startswith("no stored response"):
-                raise ResponseNotFound(
-                    f"No stored response '{previous}' to continue from: previous_response_id must name a response "
-                    f'created with "store": true that has not been deleted.',
-                    param="previous_response_id",
-                ) from None
-            raise
+        turns = await storage.read(self.db, stored_responses.chain, previous, owner=owner)
         context = stored_responses.context_items(turns)
         history = parse_response_create({"model": request.model, "input": context}).items if context else []
         lead = 1 if request.raw.get("instructions") else 0  # the instructions message parse put first
@@ -109,7 +101,7 @@ class Conversations:
         return PreparedRequest(dataclasses.replace(request, items=items), own, owner, len(turns))
 
     async def get(self, response_id: str, *, owner: str | None = None) -> dict[str, Any]:
-        found = await self.db.aread(stored_responses.get, response_id, owner=owner)
+        found = await storage.read(self.db, stored_responses.get, response_id, owner=owner)
         if found is None:
             raise ResponseNotFound(
                 f"No stored response '{response_id}'. Only responses created with \"store\": true are kept."
@@ -118,7 +110,7 @@ class Conversations:
 
     async def input_items(self, response_id: str, *, owner: str | None = None) -> list[dict[str, Any]]:
         """The stored turn's own input items, as the client sent them (a string became one message)."""
-        found = await self.db.aread(stored_responses.get, response_id, owner=owner)
+        found = await storage.read(self.db, stored_responses.get, response_id, owner=owner)
         if found is None:
             raise ResponseNotFound(
                 f"No stored response '{response_id}'. Only responses created with \"store\": true are kept."
@@ -126,6 +118,6 @@ class Conversations:
         return list(found.input_items)
 
     async def delete(self, response_id: str, *, owner: str | None = None) -> dict[str, Any]:
-        if not await self.db.awrite(stored_responses.delete, response_id, owner=owner):
+        if not await storage.write(self.db, stored_responses.delete, response_id, owner=owner):
             raise ResponseNotFound(f"No stored response '{response_id}'.")
         return {"id": response_id, "object": "response.deleted", "deleted": True}

@@ -34,8 +34,10 @@ from typing import Any
 
 from lmsp_tray.errors import EventHistoryExpired, InvalidRequest
 from lmsp_tray.protocol.events import Event
+from lmsp_tray.serving import storage
 from lmsp_tray.store import Database, event_log
 from lmsp_tray.store import idempotency_keys as idempotency
+from lmsp_tray.store.errors import EventsExpired, StoreError
 from lmsp_tray.store.idempotency_keys import IDEMPOTENCY_TTL_S
 
 log = logging.getLogger("lmsp_tray.serving.replay")
@@ -91,7 +93,7 @@ class Idempotency:
     async def claim(self, caller: Caller, key: str, endpoint: str, body: Any) -> Claim | Replay:
         """Claim ``key`` for this request, or get the original's result (raises 422 / 409)."""
         digest = idempotency.request_hash({"endpoint": endpoint, "body": body})
-        record = await self.db.awrite(idempotency.begin, caller.scope, check_key(key), digest, ttl_s=self.ttl_s)
+        record = await storage.write(self.db, idempotency.begin, caller.scope, check_key(key), digest, ttl_s=self.ttl_s)
         if record.is_new:
             return Claim(caller.scope, key)
         assert record.result is not None
@@ -103,12 +105,19 @@ class Idempotency:
 
     async def replay_events(self, owner_id: str) -> list[Event]:
         """The events of a streamed original, as they were sent."""
-        stored = await self.db.aread(event_log.read_events, owner_id)
-        if not stored or stored[-1].event not in event_log.TERMINAL_EVENTS:
-            raise EventHistoryExpired(
-                "The events of the original streamed response are no longer kept; send the request with a new key."
-            )
-        return [Event(e.seq, e.event, e.payload()) for e in stored]
+        expired = EventHistoryExpired(
+            "The events of the original streamed response are no longer kept; send the request with a new key."
+        )
+        try:
+            stored = await self.db.aread(event_log.read_events, owner_id)
+        except EventsExpired:
+            raise expired from None
+        except StoreError as exc:
+            raise storage.lmsp_error(exc) from exc
+        events = [Event(e.seq, e.event, e.payload()) for e in stored]
+        if not events or not events[-1].terminal:
+            raise expired
+        return events
 
 
 async def iterate(events: list[Event]) -> AsyncIterator[Event]:

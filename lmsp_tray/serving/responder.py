@@ -32,6 +32,7 @@ from lmsp_tray.serving.replay import ANONYMOUS, Caller, Claim, Idempotency, Repl
 from lmsp_tray.serving.service import ResponseRun, Service
 from lmsp_tray.store import Database, event_log, stored_responses
 from lmsp_tray.store import idempotency_keys as idempotency
+from lmsp_tray.store.errors import EventSequenceError
 
 log = logging.getLogger("lmsp_tray.serving.responder")
 
@@ -128,7 +129,7 @@ def _finish_response(
     if log_row is not None:
         try:
             event_log.append_events(conn, response_id, [log_row])
-        except event_log.EventSequenceError:  # an earlier queued append failed: nothing to replay
+        except EventSequenceError:  # an earlier queued append failed: nothing to replay
             result = None
     if stored is not None:
         stored_responses.save(conn, stored)
