@@ -65,6 +65,10 @@ class ContextLengthExceeded(LMSPError):
     code, status, title = "context_length_exceeded", 400, "Context length exceeded"
 
 
+class InputTooLong(ContextLengthExceeded):
+    """The input alone (with room for one output token) does not fit the model's context window."""
+
+
 class UnsupportedVersion(LMSPError):
     code, status, title = "unsupported_version", 400, "Unsupported LMSP version"
 

@@ -23,7 +23,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from lmsp_tray.errors import ContextLengthExceeded, LMSPError, ResponseNotFound
+from lmsp_tray.errors import ContextLengthExceeded, InputTooLong, LMSPError, ResponseNotFound
 from lmsp_tray.protocol.requests import ResponseRequest, parse_response_create
 from lmsp_tray.serving import storage
 from lmsp_tray.store import Database, stored_responses
@@ -58,7 +58,7 @@ class PreparedRequest:
 
     def explain(self, error: LMSPError) -> LMSPError:
         """A context overflow caused by the stored chain names `previous_response_id` and says what to do."""
-        if isinstance(error, ContextLengthExceeded) and self.chain_turns and error.param == "input":
+        if isinstance(error, InputTooLong) and self.chain_turns:
             prev = self.request.previous_response_id
             return ContextLengthExceeded(
                 f"{error.detail.rstrip('.')}; the input includes the {self.chain_turns} stored turn(s) of the "

@@ -38,6 +38,7 @@ from lmsp_tray.engine.sampling import (
 )
 from lmsp_tray.errors import (
     ContextLengthExceeded,
+    InputTooLong,
     InvalidRequest,
     LMSPError,
     ModelLoadFailed,
@@ -337,7 +338,7 @@ class Service:
         if not tokens:
             raise InvalidRequest("The input renders to an empty prompt.", param="input")
         if len(tokens) >= window:
-            raise ContextLengthExceeded(
+            raise InputTooLong(
                 f"The input is {len(tokens)} tokens; '{model.id}' has a context window of {window} tokens "
                 f"and needs room for at least one output token. Shorten the input.",
                 param="input",
