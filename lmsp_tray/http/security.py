@@ -23,7 +23,7 @@ request passes, in this order:
    error="insufficient_scope", scope="…"``. Paths the table does not know
    still need a valid token (then the router answers 404/405).
 4. **Declared body size** — a ``Content-Length`` over the limit → ``413``
-   before anything is read (`routes.read_json` also counts while reading,
+   before anything is read (`routes.read_body` also counts while reading,
    for chunked bodies).
 
 0. **Header size** — over `MAX_HEADER_BYTES` in total or `MAX_HEADERS`

@@ -15,9 +15,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from lmsp_tray.errors import InvalidRequest, ServiceUnavailable
-from lmsp_tray.http.routes import JSON, REPLAYED, caller_of, idempotency_key, read_json
+from lmsp_tray.http.routes import JSON, REPLAYED, caller_of, idempotency_key, read_response_create
 from lmsp_tray.http.sse import EventStream
-from lmsp_tray.protocol.requests import parse_response_create
 from lmsp_tray.serving.conversations import Conversations
 from lmsp_tray.serving.tasks import TaskManager, task_object
 
@@ -51,8 +50,7 @@ async def tasks(request: Request) -> Response:
 
 
 async def create_task(request: Request) -> Response:
-    body = await read_json(request)
-    parsed = parse_response_create(body)
+    parsed = await read_response_create(request)
     task, replayed = await _tasks(request).create(parsed, caller=caller_of(request), key=idempotency_key(request))
     headers = {"Location": f"{BASE}/tasks/{task.id}", **(REPLAYED if replayed else {})}
     return JSON(task_object(task), status_code=202, headers=headers)

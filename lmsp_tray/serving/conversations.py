@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmsp_tray.errors import ContextLengthExceeded, InputTooLong, LMSPError, ResponseNotFound
-from lmsp_tray.protocol.requests import ResponseRequest, parse_response_create
+from lmsp_tray.protocol.requests import Item, ResponseRequest, items_size, parse_response_create
 from lmsp_tray.serving import storage
 from lmsp_tray.store import Database, stored_responses
 from lmsp_tray.store.stored_responses import StoredResponse
@@ -68,17 +68,17 @@ class PreparedRequest:
         return error
 
 
-def input_items(raw: dict[str, Any]) -> list[dict[str, Any]]:
-    """The request's `input` as a list of item objects (a string becomes one user message)."""
-    value = raw.get("input")
-    if isinstance(value, str):
-        return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": value}]}]
-    items: list[dict[str, Any]] = []
-    for item in value or []:
-        if isinstance(item, dict) and "type" not in item and "role" in item:
-            item = {**item, "type": "message"}
-        items.append(item)
-    return items
+def _history(conn: Any, previous: str, owner: str | None, model: str) -> tuple[list[Item], int, int]:
+    """A read function: the stored chain ending with ``previous`` as request items, its size and turns.
+
+    Parsed here, on the store's reader thread, so a long conversation is never
+    validated on the event loop."""
+    turns = stored_responses.chain(conn, previous, owner=owner)
+    context = stored_responses.context_items(turns)
+    if not context:
+        return [], 0, len(turns)
+    history = parse_response_create({"model": model, "input": context}).items
+    return history, items_size(history), len(turns)
 
 
 class Conversations:
@@ -89,16 +89,15 @@ class Conversations:
 
     async def prepare(self, request: ResponseRequest, *, owner: str | None = None) -> PreparedRequest:
         """Expand the stored chain into the request's items (404 `response_not_found` if a link is missing)."""
-        own = input_items(request.raw)
+        own = request.input_items
         previous = request.previous_response_id
         if previous is None:
             return PreparedRequest(request, own, owner)
-        turns = await storage.read(self.db, stored_responses.chain, previous, owner=owner)
-        context = stored_responses.context_items(turns)
-        history = parse_response_create({"model": request.model, "input": context}).items if context else []
+        history, size, turns = await storage.read(self.db, _history, previous, owner, request.model)
         lead = 1 if request.raw.get("instructions") else 0  # the instructions message parse put first
-        items = request.items[:lead] + list(history) + request.items[lead:]
-        return PreparedRequest(dataclasses.replace(request, items=items), own, owner, len(turns))
+        items = request.items[:lead] + history + request.items[lead:]
+        expanded = dataclasses.replace(request, items=items, size=request.size + size)
+        return PreparedRequest(expanded, own, owner, turns)
 
     async def get(self, response_id: str, *, owner: str | None = None) -> dict[str, Any]:
         found = await storage.read(self.db, stored_responses.get, response_id, owner=owner)

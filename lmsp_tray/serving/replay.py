@@ -25,6 +25,7 @@ left) or ends `failed` releases its key, so a retry runs anew.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import string
 from collections.abc import AsyncIterator
@@ -90,10 +91,17 @@ class Idempotency:
         self.db = db
         self.ttl_s = ttl_s
 
-    async def claim(self, caller: Caller, key: str, endpoint: str, body: Any) -> Claim | Replay:
-        """Claim ``key`` for this request, or get the original's result (raises 422 / 409)."""
-        digest = idempotency.request_hash({"endpoint": endpoint, "body": body})
-        record = await storage.write(self.db, idempotency.begin, caller.scope, check_key(key), digest, ttl_s=self.ttl_s)
+    async def claim(self, caller: Caller, key: str, endpoint: str, body: Any, *, large: bool = False) -> Claim | Replay:
+        """Claim ``key`` for this request, or get the original's result (raises 422 / 409).
+
+        A `large` body is hashed off the event loop."""
+        check_key(key)
+        canonical = {"endpoint": endpoint, "body": body}
+        if large:
+            digest = await asyncio.to_thread(idempotency.request_hash, canonical)
+        else:
+            digest = idempotency.request_hash(canonical)
+        record = await storage.write(self.db, idempotency.begin, caller.scope, key, digest, ttl_s=self.ttl_s)
         if record.is_new:
             return Claim(caller.scope, key)
         assert record.result is not None

@@ -27,7 +27,7 @@ from typing import Any
 from lmsp_tray.errors import IdempotencyKeyReused, LMSPError
 from lmsp_tray.protocol.events import Event
 from lmsp_tray.protocol.requests import ResponseRequest
-from lmsp_tray.serving.conversations import Conversations, PreparedRequest, input_items
+from lmsp_tray.serving.conversations import Conversations, PreparedRequest
 from lmsp_tray.serving.replay import ANONYMOUS, Caller, Claim, Idempotency, Replay, background
 from lmsp_tray.serving.service import ResponseRun, Service
 from lmsp_tray.store import Database, event_log, stored_responses
@@ -171,7 +171,7 @@ class Responder:
         """Everything that can fail before the first event; or the replay of an earlier result."""
         claim: Claim | None = None
         if key is not None and self.idempotency is not None:
-            outcome = await self.idempotency.claim(caller, key, "responses", request.raw)
+            outcome = await self.idempotency.claim(caller, key, "responses", request.raw, large=request.large)
             if isinstance(outcome, Replay):
                 return await self._replayed(outcome)
             claim = outcome
@@ -179,7 +179,7 @@ class Responder:
             if self.conversations is not None:
                 prepared = await self.conversations.prepare(request, owner=caller.owner)
             else:
-                prepared = PreparedRequest(request, input_items(request.raw), caller.owner)
+                prepared = PreparedRequest(request, request.input_items, caller.owner)
             try:
                 run = await self.service.start_response(prepared.request)
             except LMSPError as exc:

@@ -217,12 +217,12 @@ class TaskManager:
     ) -> tuple[TaskRecord, bool]:
         """Queue a task; returns it and whether it is an idempotent replay."""
         prepared = await self.conversations.prepare(request, owner=caller.owner)  # the chain must exist
-        self.service.check_request(prepared.request)  # 400/404 now rather than a failed task later
+        await self.service.check_request(prepared.request)  # 400/404 now rather than a failed task later
         if self._stopping:
             raise ServiceUnavailable("The service is shutting down; create the task again once it is back.")
         claim: Claim | None = None
         if key is not None:
-            outcome = await self.idempotency.claim(caller, key, "tasks", request.raw)
+            outcome = await self.idempotency.claim(caller, key, "tasks", request.raw, large=request.large)
             if isinstance(outcome, Replay):
                 task = await storage.read(self.db, task_store.get, str(outcome.result.get("task_id")))
                 if task is None:
@@ -356,7 +356,7 @@ class TaskManager:
             await self._end_unstarted(task, "cancelled")
             return
         try:
-            request = parse_response_create(task.request)
+            request = await asyncio.to_thread(parse_response_create, task.request)  # it may be long
             prepared = await self.conversations.prepare(request, owner=task.owner)
             try:
                 run = await self.service.start_response(prepared.request, response_id=task.response_id)
