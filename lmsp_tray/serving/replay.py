@@ -117,15 +117,19 @@ class Idempotency:
             "The events of the original streamed response are no longer kept; send the request with a new key."
         )
         try:
-            stored = await self.db.aread(event_log.read_events, owner_id)
+            events = await self.db.aread(logged_events, owner_id)
         except EventsExpired:
             raise expired from None
         except StoreError as exc:
             raise storage.lmsp_error(exc) from exc
-        events = [Event(e.seq, e.event, e.payload()) for e in stored]
         if not events or not events[-1].terminal:
             raise expired
         return events
+
+
+def logged_events(conn: Any, owner_id: str) -> list[Event]:
+    """A read function: an owner's logged events, decoded on the reader thread (a long stream is thousands)."""
+    return [Event(e.seq, e.event, e.payload()) for e in event_log.read_events(conn, owner_id)]
 
 
 async def iterate(events: list[Event]) -> AsyncIterator[Event]:
