@@ -10,10 +10,10 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from lmsp_tray.errors import InvalidJSON, InvalidRequest, PayloadTooLarge
 from lmsp_tray.http import wire_json
+from lmsp_tray.http.api import PUBLIC, Scoped
 from lmsp_tray.http.security import token_of
 from lmsp_tray.http.sse import EventStream, wait_disconnect
 from lmsp_tray.protocol.requests import ResponseRequest, parse_response_create
@@ -156,10 +156,10 @@ async def create_response(request: Request) -> Response | EventStream:
     run = await responder.start(parsed, caller=caller_of(request), key=idempotency_key(request))
     if isinstance(run, Replayed):
         if run.events is not None:
-            return EventStream(iterate(run.events), headers={"LMSP-Version": "1.0", **REPLAYED})
+            return EventStream(iterate(run.events), headers=REPLAYED)
         return JSON(run.body, status_code=run.status, headers=REPLAYED)
     if parsed.stream:
-        return EventStream(run.events(), on_disconnect=run.cancel, headers={"LMSP-Version": "1.0"})
+        return EventStream(run.events(), on_disconnect=run.cancel)
     result = asyncio.ensure_future(run.result())
     gone = asyncio.ensure_future(wait_disconnect(request.receive))
     try:
@@ -173,12 +173,12 @@ async def create_response(request: Request) -> Response | EventStream:
             await gone
 
 
+# Under /lmsp/v1, each with the scope each method needs.
 ROUTES = [
-    Route("/lmsp/v1", service_document, methods=["GET"]),
-    Route("/lmsp/v1/", service_document, methods=["GET"]),
-    Route("/lmsp/v1/models", list_models, methods=["GET"]),
-    Route("/lmsp/v1/models/{model_id:path}/load", load_model, methods=["POST"]),
-    Route("/lmsp/v1/models/{model_id:path}/unload", unload_model, methods=["POST"]),
-    Route("/lmsp/v1/models/{model_id:path}", get_model, methods=["GET"]),
-    Route("/lmsp/v1/responses", create_response, methods=["POST"]),
+    Scoped("/", service_document, GET=PUBLIC),
+    Scoped("/models", list_models, GET="models:read"),
+    Scoped("/models/{model_id:path}/load", load_model, POST="models:manage"),
+    Scoped("/models/{model_id:path}/unload", unload_model, POST="models:manage"),
+    Scoped("/models/{model_id:path}", get_model, GET="models:read"),
+    Scoped("/responses", create_response, POST="responses:create"),
 ]
