@@ -29,7 +29,7 @@ from lmsp_tray.protocol.events import Event
 from lmsp_tray.protocol.requests import ResponseRequest
 from lmsp_tray.serving.conversations import Conversations, PreparedRequest
 from lmsp_tray.serving.replay import ANONYMOUS, Caller, Claim, Idempotency, Replay, background
-from lmsp_tray.serving.service import ResponseRun, Service
+from lmsp_tray.serving.running import Responses, Run
 from lmsp_tray.store import Database, event_log, stored_responses
 from lmsp_tray.store import idempotency_keys as idempotency
 from lmsp_tray.store.errors import EventSequenceError
@@ -44,7 +44,7 @@ class Started:
 
     def __init__(
         self,
-        run: ResponseRun,
+        run: Run,
         prepared: PreparedRequest,
         *,
         db: Database | None,
@@ -154,7 +154,7 @@ class Responder:
 
     def __init__(
         self,
-        service: Service,
+        service: Responses,
         *,
         db: Database | None = None,
         conversations: Conversations | None = None,

@@ -53,7 +53,7 @@ from lmsp_tray.serving import storage
 from lmsp_tray.serving.conversations import Conversations, PreparedRequest
 from lmsp_tray.serving.recovery import end_task
 from lmsp_tray.serving.replay import ANONYMOUS, Caller, Claim, Idempotency, Replay
-from lmsp_tray.serving.service import ResponseRun, Service
+from lmsp_tray.serving.running import Responses, Run
 from lmsp_tray.store import Database, event_log, stored_responses
 from lmsp_tray.store import idempotency_keys as keys
 from lmsp_tray.store import task_rows as task_store
@@ -102,7 +102,7 @@ class TaskFeed:
         self.task_id = task_id
         self.events: list[Event] = []  # events[i].id == i + 1
         self.closed = False
-        self.run: ResponseRun | None = None
+        self.run: Run | None = None
         self.cancel_requested = False
         self._waiters: list[asyncio.Future] = []
 
@@ -159,7 +159,7 @@ class TaskManager:
 
     def __init__(
         self,
-        service: Service,
+        service: Responses,
         db: Database,
         conversations: Conversations,
         idempotency: Idempotency,
@@ -385,7 +385,7 @@ class TaskManager:
             return
         await self._pump(task_id, feed, run, prepared)
 
-    async def _pump(self, task_id: str, feed: TaskFeed, run: ResponseRun, prepared: PreparedRequest) -> None:
+    async def _pump(self, task_id: str, feed: TaskFeed, run: Run, prepared: PreparedRequest) -> None:
         """Commit the run's events in batches, publishing each batch after its commit."""
         buffer: list[Event] = []
         wake = asyncio.Event()
