@@ -1,4 +1,9 @@
-"""The LMSP endpoints: thin handlers that parse, call the service, and shape the answer."""
+"""The LMSP endpoints: thin handlers that parse, call the service, and shape the answer.
+
+Each route is `api.Scoped`: it names the scope each of its methods needs. A body over
+`INLINE_BODY_BYTES` is decoded and validated on a worker thread (`read_response_create`), so a
+request of megabytes never holds up the other streams on the event loop.
+"""
 
 from __future__ import annotations
 
