@@ -14,7 +14,8 @@ holding up the streams' tokens.
 Prints the inter-token gaps of all streams (the time between consecutive text
 deltas as the client receives them) for both runs, p99 with bodies / p99
 without (target ≤ 1.2), how many bodies were answered and how long the
-slowest took.
+slowest took. A health probe (`GET /lmsp/v1` every 20 ms) measures the event
+loop directly: a stalled loop answers nothing, whatever the decode does.
 """
 
 from __future__ import annotations
@@ -94,20 +95,36 @@ def send(url: str, headers: dict[str, str], raw: bytes) -> tuple[int, str, float
         return r.status_code, str(r.json().get("code")), time.perf_counter() - t
 
 
+def probe(url: str, stop: threading.Event) -> list[float]:
+    """`GET /lmsp/v1` every 20 ms until `stop`: how long the event loop takes to answer anything."""
+    took: list[float] = []
+    with httpx.Client(timeout=600) as c:
+        while not stop.wait(0.02):
+            t = time.perf_counter()
+            c.get(url)
+            took.append(time.perf_counter() - t)
+    return took
+
+
 def run(url: str, headers: dict[str, str], args: argparse.Namespace, bodies: list[bytes] | None) -> tuple:
-    """One decode of `args.streams` streams; with `bodies`, one arrives every `args.every` s until it ends."""
+    """One decode of `args.streams` streams; with `bodies`, one arrives every `args.every` s until it ends.
+
+    Returns the streams' inter-token gaps, the health probe's answer times and the bodies' answers."""
     start = threading.Barrier(args.streams + 1)
     answered: list[cf.Future] = []
-    with cf.ThreadPoolExecutor(args.streams) as streams_pool, cf.ThreadPoolExecutor(16) as senders:
-        streams = [streams_pool.submit(stream_gaps, url, headers, i, args.tokens, start) for i in range(args.streams)]
+    stop = threading.Event()
+    with cf.ThreadPoolExecutor(args.streams + 1) as pool, cf.ThreadPoolExecutor(16) as senders:
+        streams = [pool.submit(stream_gaps, url, headers, i, args.tokens, start) for i in range(args.streams)]
         start.wait()
+        probes = pool.submit(probe, url, stop)
         k = 0
         while bodies and not all(f.done() for f in streams):
             answered.append(senders.submit(send, url, headers, bodies[k % len(bodies)]))
             k += 1
             cf.wait(streams, timeout=args.every)
         gaps = [g for f in streams for g in f.result()]
-    return gaps, [f.result() for f in answered]
+        stop.set()
+    return gaps, probes.result(), [f.result() for f in answered]
 
 
 def p(values: list[float], q: float) -> float:
@@ -135,25 +152,38 @@ def main() -> None:
         run(url, headers, argparse.Namespace(**{**vars(args), "tokens": 16}), None)  # warm-up
         quiet: list[float] = []
         loaded: list[float] = []
+        probes: dict[bool, list[float]] = {False: [], True: []}
         answered: list = []
         for r in range(args.rounds):
             order = [False, True] if r % 2 == 0 else [True, False]
             for with_bodies in order:
-                gaps, got = run(url, headers, args, bodies if with_bodies else None)
+                gaps, took, got = run(url, headers, args, bodies if with_bodies else None)
                 (loaded if with_bodies else quiet).extend(gaps)
+                probes[with_bodies].extend(took)
                 answered.extend(got)
                 print(
                     f"round {r + 1} {'with bodies   ' if with_bodies else 'without bodies'}: {len(gaps)} gaps, "
                     f"p50 {p(gaps, 0.5) * 1000:.1f} ms, p99 {p(gaps, 0.99) * 1000:.1f} ms, "
-                    f"max {max(gaps) * 1000:.1f} ms" + (f", {len(got)} bodies answered" if with_bodies else ""),
+                    f"max {max(gaps) * 1000:.1f} ms; probe p99 {p(took, 0.99) * 1000:.1f} ms"
+                    + (f", {len(got)} bodies answered" if with_bodies else ""),
                     flush=True,
                 )
     rows = [
         (name, str(len(g)), f"{p(g, 0.5) * 1000:.1f}", f"{p(g, 0.99) * 1000:.1f}", f"{max(g) * 1000:.1f}")
         for name, g in (("without bodies", quiet), ("with 8 MiB bodies", loaded))
     ]
+    rows += [
+        (
+            f"{name}: health probe",
+            str(len(t)),
+            f"{p(t, 0.5) * 1000:.1f}",
+            f"{p(t, 0.99) * 1000:.1f}",
+            f"{max(t) * 1000:.1f}",
+        )
+        for name, t in (("without bodies", probes[False]), ("with 8 MiB bodies", probes[True]))
+    ]
     print()
-    print_table(rows, ("decode", "gaps", "p50 ms", "p99 ms", "max ms"))
+    print_table(rows, ("decode", "gaps / probes", "p50 ms", "p99 ms", "max ms"))
     codes: dict[str, int] = {}
     for status, code, _ in answered:
         codes[f"{status} {code}"] = codes.get(f"{status} {code}", 0) + 1
@@ -164,6 +194,7 @@ def main() -> None:
     )
     ratio = p(loaded, 0.99) / p(quiet, 0.99)
     print(f"p99 inter-token gap with bodies / without: {ratio:.2f} (target <= 1.2)")
+    print(f"p99 health-probe answer with bodies / without: {p(probes[True], 0.99) / p(probes[False], 0.99):.2f}")
 
 
 if __name__ == "__main__":
