@@ -1,10 +1,11 @@
 """Typed errors carrying their LMSP code and HTTP status.
 
-Every failure a client can see is one of these. Code anywhere in the service
-raises them; `lmsp_tray.http.problems` is the single place that turns them
-into RFC 9457 problem documents (and `service` turns them into terminal
-events once a stream has started). Messages never contain secrets or stack
-traces.
+Every failure a client can see is one of these. The layers that speak LMSP
+raise them (serving, auth, engine, chat, protocol); the store raises its own
+exceptions (`store.errors`), which `serving.storage` maps to these.
+`lmsp_tray.http.problems` is the single place that turns them into RFC 9457
+problem documents (and `service` turns them into terminal events once a
+stream has started). Messages never contain secrets or stack traces.
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ class UnsupportedCapability(LMSPError):
 
 class ContextLengthExceeded(LMSPError):
     code, status, title = "context_length_exceeded", 400, "Context length exceeded"
+
+
+class InputTooLong(ContextLengthExceeded):
+    """The input alone (with room for one output token) does not fit the model's context window."""
 
 
 class UnsupportedVersion(LMSPError):

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,18 +42,6 @@ def browser() -> Iterator[Any]:
             yield b
         finally:
             b.close()
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "the condition") -> Any:
-    """Poll `predicate` until it returns something truthy; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def screenshot(page: Any, name: str) -> Path:

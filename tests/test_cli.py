@@ -9,12 +9,11 @@ import socket
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
-from support import SSE, TINY_ID, free_port, iter_sse
+from support import SSE, TINY_ID, free_port, iter_sse, wait_until
 from support import cli_token as make_token
 
 
@@ -43,15 +42,11 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 def wait_url(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def answered() -> bool:
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else "exited"
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise AssertionError(f"{url} never answered")
+        return httpx.get(url, timeout=1).status_code == 200
+
+    wait_until(answered, timeout, f"{url} to answer", interval=0.1, ignoring=httpx.HTTPError)
 
 
 def cli_token(env: dict[str, str], *scopes: str) -> dict[str, str]:
@@ -150,6 +145,7 @@ def test_busy_port_is_a_clear_error(env: dict[str, str], models_dir: Path) -> No
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.gemma
 def test_demo_model_when_user_has_none(env: dict[str, str], gemma_gguf: Path) -> None:
     """No models anywhere: the demo extra's Gemma file is assembled once, with progress, and served."""
     port = free_port()

@@ -11,12 +11,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
-from support import TINY_ID, cli_token
+from support import TINY_ID, cli_token, wait_until
 
 
 @pytest.fixture
@@ -61,11 +60,12 @@ def run_bare(env: dict[str, str], models_dir: Path, tmp_path: Path) -> tuple[str
         )
     discovery = tmp_path / "lmsp" / "run" / "service.json"
     try:
-        deadline = time.monotonic() + 60
-        while not discovery.exists():
+
+        def written() -> bool:
             assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
+            return discovery.exists()
+
+        wait_until(written, 60, lambda: f"the discovery file; the log says: {log.read_text()}")
         url = json.loads(discovery.read_text())["url"]
         assert httpx.get(url, timeout=10).json()["object"] == "service"
         assert TINY_ID in [m["id"] for m in httpx.get(f"{url}/models", timeout=10, headers=auth).json()["data"]]

@@ -18,8 +18,8 @@ from typing import Any
 
 import httpx
 import pytest
-from browser import NARROW, UNLABELLED_CONTROLS, WIDE, browser, screenshot, wait_for  # noqa: F401 - fixture
-from support import SLOW_ID, TINY_ID, LiveDaemon
+from browser import NARROW, UNLABELLED_CONTROLS, WIDE, browser, screenshot  # noqa: F401 - fixture
+from support import SLOW_ID, TINY_ID, LiveDaemon, wait_until
 
 from lmsp_tray.store import stored_responses
 
@@ -133,7 +133,7 @@ def test_chat_streams_keeps_the_conversation_and_shows_figures(console: Console)
     page.fill("#chat-prompt", "Hello there")
     page.press("#chat-prompt", "Enter")
     figures = page.locator(".msg.assistant .figures").last
-    wait_for(lambda: "out" in (figures.text_content() or ""), 120, "the answer to finish")
+    wait_until(lambda: "out" in (figures.text_content() or ""), 120, "the answer to finish")
     lengths = page.evaluate("window.lengths")
     final = len(assistant_text(page))
     partial = sorted({n for n in lengths if 0 < n < final})
@@ -145,7 +145,7 @@ def test_chat_streams_keeps_the_conversation_and_shows_figures(console: Console)
     set_sampling(page, max_tokens=50)  # the generated model's gibberish takes many tokens to read back
     page.fill("#chat-prompt", "And a second question")
     page.press("#chat-prompt", "Enter")
-    wait_for(
+    wait_until(
         lambda: (
             page.locator(".msg.assistant .figures").count() == 2
             and "out" in (page.locator(".msg.assistant .figures").last.text_content() or "")
@@ -176,16 +176,16 @@ def test_stop_cancels_generation_on_the_service(console: Console) -> None:
     set_sampling(page, max_tokens=4000)
     page.fill("#chat-prompt", "Write a long story")
     page.press("#chat-prompt", "Enter")
-    wait_for(lambda: len(assistant_text(page)) > 20, 60, "the answer to start")
+    wait_until(lambda: len(assistant_text(page)) > 20, 60, "the answer to start")
     assert page.is_visible("button:has-text('Stop')")
     page.click("button:has-text('Stop')")
-    wait_for(lambda: sched.generating == 0, 5, "generation to stop on the service")
+    wait_until(lambda: sched.generating == 0, 5, "generation to stop on the service")
     steps = sched.steps
     time.sleep(0.5)
     assert sched.steps == steps, "decoding went on after Stop"
     assert steps < 4000
     status = page.locator(".msg.assistant .status").last
-    wait_for(lambda: "Stopped" in (status.text_content() or ""), 10, "the page to say it stopped")
+    wait_until(lambda: "Stopped" in (status.text_content() or ""), 10, "the page to say it stopped")
     assert page.is_visible("button:has-text('Send')")
 
 
@@ -198,13 +198,13 @@ def test_models_view_loads_unloads_and_lists_broken_files_apart(console: Console
     assert "slow-test.gguf" in (card.locator(".path").text_content() or "")
     card.get_by_role("button", name="Load").click()
     with console.api() as c:
-        wait_for(lambda: c.get(f"/models/{SLOW_ID}").json()["state"] == "loaded", 60, "the model to load")
-    wait_for(lambda: "Loaded" in (card.locator(".badge").text_content() or ""), 10, "the card to say Loaded")
+        wait_until(lambda: c.get(f"/models/{SLOW_ID}").json()["state"] == "loaded", 60, "the model to load")
+    wait_until(lambda: "Loaded" in (card.locator(".badge").text_content() or ""), 10, "the card to say Loaded")
     assert "Runs on" in (card.locator(".runs").text_content() or "")
     screenshot(page, "models")
     card.get_by_role("button", name="Unload").click()
     with console.api() as c:
-        wait_for(lambda: c.get(f"/models/{SLOW_ID}").json()["state"] == "available", 60, "the model to unload")
+        wait_until(lambda: c.get(f"/models/{SLOW_ID}").json()["state"] == "available", 60, "the model to unload")
     broken = page.locator(".broken")
     assert BROKEN in (broken.text_content() or "") and "probably a download or copy" in (broken.text_content() or "")
     assert page.locator("article.model", has_text=BROKEN).count() == 0  # not among the models
@@ -228,7 +228,7 @@ def test_create_copy_and_revoke_a_token(console: Console) -> None:
         page.once("dialog", lambda d: d.accept())
         page.click("button[aria-label='Revoke from-console']")
         row = page.locator("tr", has_text="from-console")
-        wait_for(lambda: "revoked" in (row.text_content() or ""), 10, "the row to say revoked")
+        wait_until(lambda: "revoked" in (row.text_content() or ""), 10, "the row to say revoked")
         assert app.get("/models").status_code == 401
 
 
@@ -246,7 +246,7 @@ def test_approve_a_pairing_started_over_http(console: Console) -> None:
     screenshot(page, "apps-pairing")
     card.get_by_role("button", name="Approve Notes App").click()
     poll = {"Authorization": f"Bearer {pairing['poll_token']}"}
-    doc = wait_for(
+    doc = wait_until(
         lambda: (
             (
                 d := httpx.get(live.url + pairing["poll_url"].removeprefix("/lmsp/v1"), headers=poll, timeout=30).json()
@@ -260,7 +260,7 @@ def test_approve_a_pairing_started_over_http(console: Console) -> None:
         httpx.get(live.url + "/models", headers={"Authorization": f"Bearer {doc['token']}"}, timeout=30).status_code
         == 200
     )
-    wait_for(lambda: page.locator(".pairing").count() == 0, 10, "the request to leave the list")
+    wait_until(lambda: page.locator(".pairing").count() == 0, 10, "the request to leave the list")
 
 
 # -- settings -------------------------------------------------------------------------------------
@@ -358,7 +358,7 @@ def test_another_origin_cannot_read_or_act_through_the_console(console: Console,
     responses: list[Any] = []
     page.on("response", lambda r: responses.append(r) if r.url.startswith(live.base) else None)
     page.goto(f"{other_origin}/index.html?target={live.base}&code={code}")
-    wait_for(lambda: page.title() == "done", 20, "the other origin's attempts")
+    wait_until(lambda: page.title() == "done", 20, "the other origin's attempts")
     results = dict(page.evaluate("window.results"))
     assert results["exchange"] == "refused TypeError"
     assert results["exchange-no-cors"].startswith("answered 0")  # opaque: nothing to read
@@ -439,7 +439,7 @@ def test_keyboard_navigation_and_labels(console: Console) -> None:
     page.focus("#chat-prompt")
     page.keyboard.type("Hi")
     page.keyboard.press("Enter")  # Enter sends
-    wait_for(lambda: "out" in (page.locator(".msg.assistant .figures").last.text_content() or ""), 60, "an answer")
+    wait_until(lambda: "out" in (page.locator(".msg.assistant .figures").last.text_content() or ""), 60, "an answer")
 
 
 def test_screenshots_of_every_view(console: Console, browser) -> None:
@@ -458,7 +458,7 @@ def test_screenshots_of_every_view(console: Console, browser) -> None:
     set_sampling(page, max_tokens=40)
     page.fill("#chat-prompt", "Show me some **markdown** and `code`")
     page.press("#chat-prompt", "Enter")
-    wait_for(lambda: "out" in (page.locator(".msg.assistant .figures").last.text_content() or ""), 60, "an answer")
+    wait_until(lambda: "out" in (page.locator(".msg.assistant .figures").last.text_content() or ""), 60, "an answer")
     page.wait_for_timeout(2500)  # a couple of activity samples
     for viewport in (WIDE, NARROW):
         page.set_viewport_size(viewport)
@@ -501,7 +501,7 @@ def test_thinking_is_shown_collapsed(daemon_factory, models_dir: Path, browser) 
     set_sampling(page, max_tokens=60)
     page.fill("#chat-prompt", "Think first")
     page.press("#chat-prompt", "Enter")
-    wait_for(lambda: "out" in (page.locator(".msg.assistant .figures").last.text_content() or ""), 60, "an answer")
+    wait_until(lambda: "out" in (page.locator(".msg.assistant .figures").last.text_content() or ""), 60, "an answer")
     thinking = page.locator(".msg.assistant details.thinking").last
     assert thinking.is_visible() and thinking.get_attribute("open") is None  # there, and collapsed
     assert (thinking.locator(".thinking-body").text_content() or "").strip()

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import httpx
-from support import start_daemon
+from support import start_daemon, wait_task
 from tools_support import QWEN_ID, WEATHER, output_of, seeded, validate_call, write_family_models
 
 
@@ -71,12 +70,7 @@ def test_tool_result_continues_the_stored_call(tmp_path: Path, monkeypatch) -> N
             # The same turn as a task.
             task = c.post("/tasks", json=turn)
             assert task.status_code == 202, task.text
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                state = c.get(f"/tasks/{task.json()['id']}").json()
-                if state["status"] not in ("queued", "in_progress"):
-                    break
-                time.sleep(0.05)
+            state = wait_task(c, task.json()["id"], {"completed", "incomplete", "failed", "cancelled"})
             assert state["status"] in ("completed", "incomplete"), state
             # A result for a call that is not in the chain is still refused.
             r = c.post("/responses", json={**turn, "input": [{**result, "call_id": "call_unknown"}]})

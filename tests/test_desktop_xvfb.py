@@ -21,9 +21,9 @@ import httpx
 import pytest
 from desktop_support import DBusFake, PrivateBus, dbus_missing, lmsp_env, log_text, program
 from notify_server import NotifyServer
-from support import SLOW_ID, TINY_ID
+from support import SLOW_ID, TINY_ID, wait_until
 from tray_driver import TIMEOUT, TrayProcess
-from xvfb import ROOT, XSession, missing_tools, wait_for
+from xvfb import ROOT, XSession, missing_tools
 
 pytestmark = pytest.mark.skipif(
     bool(missing_tools() or dbus_missing()), reason=f"needs {missing_tools() or dbus_missing()}"
@@ -68,10 +68,12 @@ class LiveTray(TrayProcess):
             except (OSError, ValueError, KeyError):
                 return None
 
-        return wait_for(read, 120, "service.json")
+        return wait_until(read, 120, "service.json", ignoring=Exception)
 
     def said(self, text: str, timeout: float = TIMEOUT) -> str:
-        return wait_for(lambda: text in self.output.read_text() and self.output.read_text(), timeout, repr(text))
+        return wait_until(
+            lambda: text in self.output.read_text() and self.output.read_text(), timeout, repr(text), ignoring=Exception
+        )
 
     def owner_token(self) -> str:
         return (self.home / "lmsp" / "run" / "owner-token").read_text().strip()
@@ -106,7 +108,7 @@ def test_the_tray_a_person_meets(tmp_path, models_dir, bus, notifications):
             url = tray.url()
             window = tray.icon_window()
             tray.said("from the system tray (gtk)")
-            wait_for(lambda: tray.menu().get("embedded"), TIMEOUT, "the icon embedded")
+            wait_until(lambda: tray.menu().get("embedded"), TIMEOUT, "the icon embedded", ignoring=Exception)
 
             # First run: a welcome naming the models folder, with a button that opens it.
             welcome = notifications.wait(lambda n: n["summary"] == "lmsp-tray is running", what="the welcome")
@@ -128,17 +130,24 @@ def test_the_tray_a_person_meets(tmp_path, models_dir, bus, notifications):
             # single-use code is on no command line); it never touches the clipboard.
             subprocess.run(["xclip", "-selection", "clipboard", "-in"], input=b"mine", env=x.env, timeout=10)
             x.click(window, 1)
-            target = wait_for(lambda: opened.exists() and opened.read_text().split(), TIMEOUT, "the console opened")
+            target = wait_until(
+                lambda: opened.exists() and opened.read_text().split(),
+                TIMEOUT,
+                "the console opened",
+                ignoring=Exception,
+            )
             assert target[0].startswith("file://") and "#" not in target[0]
             redirect = Path(target[0].removeprefix("file://")).read_text()
             assert f"{url.removesuffix('/lmsp/v1')}/console/#" in redirect
             # A right-click opens the menu.
             x.click(window, 3)
-            wait_for(lambda: tray.menu().get("open"), TIMEOUT, "the menu to open on a right-click")
-            assert wait_for(x.popup_windows, TIMEOUT, "the menu window")
+            wait_until(
+                lambda: tray.menu().get("open"), TIMEOUT, "the menu to open on a right-click", ignoring=Exception
+            )
+            assert wait_until(x.popup_windows, TIMEOUT, "the menu window", ignoring=Exception)
             x.screenshot("desktop-right-click-menu.png")
             x.keys("Escape")
-            wait_for(lambda: not tray.menu().get("open"), TIMEOUT, "the menu to close")
+            wait_until(lambda: not tray.menu().get("open"), TIMEOUT, "the menu to close", ignoring=Exception)
             held = subprocess.run(
                 ["xclip", "-o", "-selection", "clipboard"], env=x.env, capture_output=True, timeout=10
             )
@@ -153,10 +162,12 @@ def test_the_tray_a_person_meets(tmp_path, models_dir, bus, notifications):
                 tray.wait_item("Models", check=lambda i: i["text"] == "Models (1/2 loaded)")
                 x.screenshot("desktop-open-menu-updated.png")
                 x.keys("Escape")
-                wait_for(lambda: not tray.menu().get("open"), TIMEOUT, "the menu to close")
+                wait_until(lambda: not tray.menu().get("open"), TIMEOUT, "the menu to close", ignoring=Exception)
                 assert status["text"] == f"{url} \u2014 1 of 2 models loaded"
                 # Loaded and waiting: the "ready" icon, not the idle one.
-                wait_for(lambda: tray.menu().get("activity") == "ready", TIMEOUT, "the ready icon")
+                wait_until(
+                    lambda: tray.menu().get("activity") == "ready", TIMEOUT, "the ready icon", ignoring=Exception
+                )
                 time.sleep(0.3)
                 shot = x.screenshot("desktop-ready-icon.png")
                 assert colour_share(x, window, shot, "ready") > 0.3 and colour_share(x, window, shot, "idle") == 0
@@ -171,7 +182,12 @@ def test_the_tray_a_person_meets(tmp_path, models_dir, bus, notifications):
                     timeout=120,
                 )
                 assert second.returncode == 0 and f"already running at {url}" in second.stdout
-                wait_for(lambda: len(opened.read_text().split()) > before, TIMEOUT, "the console on a second launch")
+                wait_until(
+                    lambda: len(opened.read_text().split()) > before,
+                    TIMEOUT,
+                    "the console on a second launch",
+                    ignoring=Exception,
+                )
 
                 # A pairing request: its own notification, with Approve/Deny; Approve works from there.
                 asked = httpx.post(
@@ -188,12 +204,13 @@ def test_the_tray_a_person_meets(tmp_path, models_dir, bus, notifications):
                     doc = httpx.get(f"{url}/auth/pairings/{asked['id']}", headers=poll, timeout=30).json()
                     return doc if doc["status"] == "approved" else None
 
-                doc = wait_for(approved, TIMEOUT, "the pairing approved from the notification")
+                doc = wait_until(approved, TIMEOUT, "the pairing approved from the notification", ignoring=Exception)
                 assert doc["token"].startswith("lmsp_")
-                wait_for(
+                wait_until(
                     lambda: any(c["id"] == note["id"] for c in notifications.records("close")),
                     TIMEOUT,
                     "the answered request's notification closed",
+                    ignoring=Exception,
                 )
 
             tray.choose("Quit", closes=False)
@@ -303,10 +320,11 @@ def test_appindicator_where_a_status_notifier_watcher_runs(tmp_path, models_dir,
             try:
                 url = tray.url()
                 tray.said("from the system tray (appindicator)")
-                [registered] = wait_for(
+                [registered] = wait_until(
                     lambda: [r for r in watcher.records() if r["call"] == "RegisterStatusNotifierItem"],
                     TIMEOUT,
                     "the item to register with the watcher",
+                    ignoring=Exception,
                 )
                 item = registered["arg"]
                 name, path = (registered["sender"], item) if item.startswith("/") else (item, "/StatusNotifierItem")
@@ -321,7 +339,12 @@ def test_appindicator_where_a_status_notifier_watcher_runs(tmp_path, models_dir,
                         bus.address, name, menu_path, "com.canonical.dbusmenu", "GetLayout", "iias", (0, -1, [])
                     )[1]
 
-                labels = wait_for(lambda: _labels(layout()) if len(_labels(layout())) > 5 else None, TIMEOUT, "menu")
+                labels = wait_until(
+                    lambda: _labels(layout()) if len(_labels(layout())) > 5 else None,
+                    TIMEOUT,
+                    "menu",
+                    ignoring=Exception,
+                )
                 assert f"{url} \u2014 0 of 2 models loaded" in labels and "Quit" in labels and "View logs" in labels
                 assert any(label.startswith(TINY_ID) for label in labels)
                 # The panel's click on a model, over D-Bus: it loads.
@@ -336,14 +359,18 @@ def test_appindicator_where_a_status_notifier_watcher_runs(tmp_path, models_dir,
                     (_find(layout(), model), "clicked", ("s", ""), 0),
                 )
                 with api(tray, url) as client:
-                    wait_for(
+                    wait_until(
                         lambda: client.get(f"/models/{SLOW_ID}").json()["state"] == "loaded",
                         60,
                         "the model loaded from the indicator's menu",
+                        ignoring=Exception,
                     )
                 # ... and the exported menu follows (no snapshot): the status line says so.
-                wait_for(
-                    lambda: f"{url} \u2014 1 of 2 models loaded" in _labels(layout()), TIMEOUT, "the menu to update"
+                wait_until(
+                    lambda: f"{url} \u2014 1 of 2 models loaded" in _labels(layout()),
+                    TIMEOUT,
+                    "the menu to update",
+                    ignoring=Exception,
                 )
                 quit_id = _find(layout(), "Quit")
                 _dbus_call(

@@ -12,14 +12,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 from hub_server import FakeHub
 from hub_support import TINY, fake_hub, hub  # noqa: F401
-from support import SSE, cli_token, free_port, iter_sse, wait_task
+from support import SSE, cli_token, free_port, iter_sse, wait_task, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(300)
@@ -60,16 +59,14 @@ class Service:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the service exited: {self.proc.stderr.read().decode()[-3000:]}")
-            try:
-                if httpx.get(self.url, timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.05)
-        raise AssertionError("the service never answered")
+        proc = self.proc
+
+        def answered() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"the service exited: {proc.stderr.read().decode()[-3000:]}")
+            return httpx.get(self.url, timeout=1).status_code == 200
+
+        wait_until(answered, 90, "the service to answer", interval=0.05, ignoring=httpx.HTTPError)
 
     def kill(self) -> None:
         assert self.proc is not None

@@ -7,7 +7,7 @@ import time
 
 import httpx
 import pytest
-from support import SLOW_ID, SSE, TINY_ID, body, events, iter_sse
+from support import SLOW_ID, SSE, TINY_ID, body, events, iter_sse, wait_until
 
 
 def test_sync_response_shape(client: httpx.Client) -> None:
@@ -259,10 +259,7 @@ def test_disconnect_stops_generation_and_next_request_starts(daemon_factory) -> 
                     if got == 5:
                         break
         # The connection is closed: generation must stop within a decode step.
-        deadline = time.monotonic() + 5
-        while sched.generating and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert sched.generating == 0
+        wait_until(lambda: sched.generating == 0, 5, "the generation to stop", interval=0.01)
         steps = sched.steps
         time.sleep(0.5)
         assert sched.steps == steps, "decoding went on after the client left"
@@ -284,10 +281,7 @@ def test_sync_disconnect_cancels(daemon_factory) -> None:
             timeout=0.5,
             headers=live.auth_headers,
         )
-    deadline = time.monotonic() + 5
-    while sched.generating and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert sched.generating == 0
+    wait_until(lambda: sched.generating == 0, 5, "the generation to stop", interval=0.01)
     steps = sched.steps
     time.sleep(0.3)
     assert sched.steps == steps
@@ -318,17 +312,13 @@ def test_fifo_queue_and_429(daemon_factory) -> None:
         sched = live.scheduler(SLOW_ID)
         first = threading.Thread(target=run, args=("first", 4000))
         first.start()
-        while not order:
-            time.sleep(0.005)
+        wait_until(lambda: order, 120, "the first stream's first delta", interval=0.005)
         threads = []
         for name in ("second", "third"):
             t = threading.Thread(target=run, args=(name, 5))
             t.start()
             threads.append(t)
-            deadline = time.monotonic() + 30
-            while sched.queued < len(threads) and time.monotonic() < deadline:
-                time.sleep(0.005)
-        assert sched.queued == 2
+            wait_until(lambda: sched.queued == len(threads), 30, f"{len(threads)} queued requests", interval=0.005)
         r = c.post("/responses", json=body(model=SLOW_ID, max_output_tokens=2))
         assert r.status_code == 429
         assert r.json()["code"] == "too_many_requests"

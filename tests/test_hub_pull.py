@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from pathlib import Path
 
 import pytest
 from hub_server import FakeHub
 from hub_support import GATED, GRANTED, NOQ4, NOT_GRANTED, TINY, fake_hub, hf_env, hub  # noqa: F401
+from support import wait_until
 
 from lmsp_tray.discovery.catalog import Catalog
 from lmsp_tray.discovery.sources import HUGGINGFACE, Source
@@ -57,15 +57,6 @@ def pull(p: Puller, text: str, **kw) -> tuple:
 
 def key(path: str, repo: str = TINY) -> str:
     return f"{repo}/{path}"
-
-
-def wait_for(condition, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def size_of(path: Path) -> int | None:
@@ -177,7 +168,7 @@ def test_a_cancelled_pull_keeps_its_part_hidden_from_discovery_and_the_next_pull
     assert pause.reached.wait(30)
     # Half downloaded: only blobs/<sha256>.incomplete exists, and discovery lists nothing.
     partial = hf_env / "models--test-org--Tiny-GGUF" / "blobs" / f"{hub.repos[TINY].sha256(path)}.incomplete"
-    assert wait_for(lambda: size_of(partial) == 300_000)
+    wait_until(lambda: size_of(partial) == 300_000, 30, "the part to reach 300,000 bytes")
     assert not (hf_env / "models--test-org--Tiny-GGUF" / "snapshots").exists()
     assert listed(hf_env) == []
     cancel.cancel("interrupted")
@@ -315,7 +306,9 @@ def test_two_pulls_of_one_file_share_one_download(hf_env: Path, hub: FakeHub) ->
     assert pause.reached.wait(30)
     second = threading.Thread(target=run, args=(1,))
     second.start()
-    assert wait_for(lambda: bool(seen[1]))  # the second follows the first's transfer (it gets its progress)
+    wait_until(
+        lambda: seen[1], 30, "the second pull's progress"
+    )  # the second follows the first's transfer (it gets its progress)
     assert p.transfers.active() == 1
     pause.release.set()
     first.join(30)

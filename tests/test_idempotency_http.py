@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 from starlette.requests import Request
-from support import SLOW_ID, SSE, body, events, iter_sse
+from support import SLOW_ID, SSE, body, events, iter_sse, wait_until
 
 from lmsp_tray.errors import IdempotencyKeyInProgress
 from lmsp_tray.http.routes import caller_of
@@ -90,17 +90,16 @@ def test_key_is_released_when_the_client_leaves_or_the_request_fails(daemon_fact
         req = body("leave early", model=SLOW_ID, max_output_tokens=2000, stream=True)
         with c.stream("POST", "/responses", json=req, headers=k) as r:
             first_id = next(e for e in iter_sse(r) if isinstance(e, SSE)).data["response_id"]
-        deadline = time.monotonic() + 30  # the key is released once the server notices the disconnect
-        retry_id = None
-        while time.monotonic() < deadline:
+
+        def retried() -> str | None:
             with c.stream("POST", "/responses", json=req, headers=k) as r:
-                if r.status_code == 409:
-                    time.sleep(0.05)
-                    continue
+                if r.status_code == 409:  # still claimed: the server has not noticed the disconnect yet
+                    return None
                 assert r.status_code == 200 and "idempotent-replayed" not in r.headers
-                retry_id = next(e for e in iter_sse(r) if isinstance(e, SSE)).data["response_id"]
-                break
-        assert retry_id is not None and retry_id != first_id
+                return next(e for e in iter_sse(r) if isinstance(e, SSE)).data["response_id"]
+
+        retry_id = wait_until(retried, 30, "the key to be released", interval=0.05)
+        assert retry_id != first_id
 
         k = key("fails")
         too_long = body("hello world " * 400)

@@ -12,11 +12,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
-from support import cli_token
+from support import cli_token, wait_until
 
 from lmsp_tray.desktop.autostart import LaunchAgent
 
@@ -216,11 +215,12 @@ def start_installed_program(program: Path, env: dict[str, str], tmp_path: Path) 
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-    deadline = time.monotonic() + 120
-    while not list(home.rglob("service.json")):
+
+    def written() -> bool:
         assert proc.poll() is None, (tmp_path / "running.log").read_text()
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+        return bool(list(home.rglob("service.json")))
+
+    wait_until(written, 120, "the installed program to write service.json", interval=0.1)
     return proc
 
 
@@ -242,17 +242,20 @@ def check_installed_program_serves(program: Path, env: dict[str, str], tmp_path:
             stderr=subprocess.STDOUT,
         )
     try:
-        deadline = time.monotonic() + 120
-        url = None
-        while url is None:
+
+        def written() -> str | None:
             assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "the installed program never wrote service.json"
             for found in home.rglob("service.json"):  # where the platform's folders put it
-                try:
-                    url = json.loads(found.read_text())["url"]
-                except (OSError, ValueError, KeyError):
-                    pass
-            time.sleep(0.1)
+                return json.loads(found.read_text())["url"]
+            return None
+
+        url = wait_until(
+            written,
+            120,
+            "the installed program to write service.json",
+            interval=0.1,
+            ignoring=(OSError, ValueError, KeyError),
+        )
         with urllib.request.urlopen(url, timeout=30) as reply:
             doc = json.loads(reply.read())
         assert doc["object"] == "service" and doc["service"]["name"] == "lmsp-tray"

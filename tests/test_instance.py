@@ -14,14 +14,13 @@ import json
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 from desktop_support import PrivateBus, dbus_missing, lmsp_env, log_text, program
 from notify_server import NotifyServer
-from support import free_port
+from support import free_port, wait_until
 
 SERVE = ["serve", "--no-default-dirs"]
 
@@ -35,17 +34,15 @@ def start(env: dict, models_dir: Path, out: Path, *extra: str) -> subprocess.Pop
 
 def wait_serving(tmp_path: Path, procs: list[subprocess.Popen], timeout: float = 60) -> str:
     discovery = tmp_path / "lmsp" / "run" / "service.json"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            url = json.loads(discovery.read_text())["url"]
-            if httpx.get(url, timeout=2).status_code == 200:
-                return url
-        except (OSError, ValueError, KeyError, httpx.HTTPError):
-            pass
+
+    def serving() -> str | None:
         assert any(p.poll() is None for p in procs), "every process exited"
-        time.sleep(0.05)
-    raise AssertionError("nothing served")
+        url = json.loads(discovery.read_text())["url"]
+        return url if httpx.get(url, timeout=2).status_code == 200 else None
+
+    return wait_until(
+        serving, timeout, "a process to serve", interval=0.05, ignoring=(OSError, ValueError, KeyError, httpx.HTTPError)
+    )
 
 
 def stop_all(procs: list[subprocess.Popen]) -> None:
@@ -69,9 +66,7 @@ def test_two_launches_at_the_same_moment_exactly_one_serves(tmp_path, models_dir
     procs = [start(env, models_dir, out, "--port", "0") for out in outs]
     try:
         url = wait_serving(tmp_path, procs)
-        deadline = time.monotonic() + 60
-        while all(p.poll() is None for p in procs) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: any(p.poll() is not None for p in procs), 60, "one of the two to exit", interval=0.05)
         finished = [p for p in procs if p.poll() is not None]
         assert len(finished) == 1, [o.read_text() for o in outs]
         loser = finished[0]

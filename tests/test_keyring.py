@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from keyring_support import (
     tools_missing,
     working_session_keyring,
 )
-from support import LiveDaemon, start_daemon
+from support import LiveDaemon, start_daemon, wait_until
 
 from lmsp_tray.auth.tokens import OWNER_NAME, hash_secret
 from lmsp_tray.auth.vault import KeyringUnavailable, SecretVault
@@ -356,16 +355,11 @@ def test_the_keyring_recovers_by_itself(lmsp_home: Path, models_dir: Path) -> No
                 assert "owner_token_id" not in discovery
 
                 start_keyring_daemon(own)  # the keyring comes up
-                deadline = time.monotonic() + 30
-                while tokens.keyring_error is not None and time.monotonic() < deadline:
-                    time.sleep(0.05)
+                wait_until(lambda: tokens.keyring_error is None, 30, "the keyring to be used again", interval=0.05)
                 assert tokens.keyring_error is None and not tokens.owner_ephemeral and heard == [None]
                 assert real_vault().load(tokens.owner_id) == tokens.owner_secret
                 assert _labels(own.address)[tokens.owner_id] == "lmsp-tray token: lmsp-tray owner"
-                deadline = time.monotonic() + 10
-                while token_file.exists() and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                assert not token_file.exists()
+                wait_until(lambda: not token_file.exists(), 10, "the owner token file to be removed", interval=0.05)
                 assert json.loads(live.daemon.paths.discovery_file.read_text())["owner_token_id"] == tokens.owner_id
                 for secret in (session_secret, tokens.owner_secret):  # the run's first token still works
                     reply = httpx.get(live.url + "/models", headers={"Authorization": f"Bearer {secret}"}, timeout=30)

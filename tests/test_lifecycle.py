@@ -9,22 +9,13 @@ from pathlib import Path
 import httpx
 import pytest
 from gguf_factory import write_tiny_gguf
-from support import SLOW_ID, SSE, TINY_ID, body, iter_sse, stream_deltas
+from support import SLOW_ID, SSE, TINY_ID, body, iter_sse, stream_deltas, wait_until
 
 OTHER_ID = "other-test:2m-f32"
 
 
 def state(c: httpx.Client, model_id: str) -> str:
     return c.get(f"/models/{model_id}").json()["state"]
-
-
-def wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.fixture
@@ -37,7 +28,7 @@ def test_idle_unload_after_keep_alive(daemon_factory) -> None:
     with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
         assert c.post("/responses", json=body(max_output_tokens=2)).status_code == 200
         assert state(c, TINY_ID) == "loaded"
-        assert wait_for(lambda: state(c, TINY_ID) == "available", 10)
+        wait_until(lambda: state(c, TINY_ID) == "available", 10, "the idle model to be unloaded")
 
 
 def test_per_request_keep_alive(daemon_factory) -> None:
@@ -45,7 +36,7 @@ def test_per_request_keep_alive(daemon_factory) -> None:
     with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
         r = c.post("/responses", json=body(max_output_tokens=2, extensions={"lmsp_tray": {"keep_alive": "1s"}}))
         assert r.status_code == 200
-        assert wait_for(lambda: state(c, TINY_ID) == "available", 10)
+        wait_until(lambda: state(c, TINY_ID) == "available", 10, "the idle model to be unloaded")
         r = c.post("/responses", json=body(max_output_tokens=2, extensions={"lmsp_tray": {"keep_alive": "soon"}}))
         assert r.status_code == 400 and r.json()["param"] == "extensions.lmsp_tray.keep_alive"
 
@@ -87,7 +78,7 @@ def test_generating_model_is_never_evicted(daemon_factory, other_model: Path) ->
             stop.set()
             worker.join(60)
             # Once it is idle it may go to make room.
-            assert wait_for(lambda: c.post(f"/models/{TINY_ID}/load").status_code == 200, 20)
+            wait_until(lambda: c.post(f"/models/{TINY_ID}/load").status_code == 200, 20, "the load to be accepted")
             assert state(c, SLOW_ID) == "available"
     finally:
         stop.set()
@@ -114,11 +105,11 @@ def test_folder_watching_adds_and_removes(daemon_factory, models_dir: Path, tmp_
         staged = write_tiny_gguf(tmp_path / "staging" / "other-test.gguf", basename="other-test", size_label="2M")
         t0 = time.monotonic()
         staged.rename(models_dir / "other-test.gguf")
-        assert wait_for(lambda: OTHER_ID in ids(), 5)
+        wait_until(lambda: OTHER_ID in ids(), 5, "the new file to be listed")
         appeared = time.monotonic() - t0
         assert appeared < 5  # the issue asks for 2 s; reported, not asserted tightly on a noisy machine
         (models_dir / "other-test.gguf").unlink()
-        assert wait_for(lambda: OTHER_ID not in ids(), 5)
+        wait_until(lambda: OTHER_ID not in ids(), 5, "the removed file to leave the list")
 
 
 def test_removed_loaded_model_finishes_its_work_first(daemon_factory, models_dir: Path) -> None:
@@ -144,4 +135,4 @@ def test_removed_loaded_model_finishes_its_work_first(daemon_factory, models_dir
                     break
                 assert time.monotonic() < deadline, "the removal was not noticed"
         # The request ended (the client left): now the model is unloaded.
-        assert wait_for(lambda: live.daemon.models.state(SLOW_ID)[0] == "available", 10)
+        wait_until(lambda: live.daemon.models.state(SLOW_ID)[0] == "available", 10, "the model to be unloaded")

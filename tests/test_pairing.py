@@ -7,7 +7,7 @@ import time
 
 import httpx
 import pytest
-from support import LiveDaemon
+from support import LiveDaemon, wait_until
 
 from lmsp_tray.auth.pairing import CODE_ALPHABET
 from lmsp_tray.cli.main import main as cli_main
@@ -135,10 +135,7 @@ def test_approved_but_never_collected_expires_and_its_token_is_revoked(
     now[0] += broker.ttl_s + 1
     r = poll(daemon, p)
     assert r.json()["status"] == "expired" and "token" not in r.json()
-    deadline = time.monotonic() + 10
-    while daemon.daemon.auth.tokens.get(token_id).revoked_at is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert daemon.daemon.auth.tokens.get(token_id).revoked_at is not None
+    wait_until(lambda: daemon.daemon.auth.tokens.get(token_id).revoked_at is not None, 10, "the token to be revoked")
 
 
 def test_pairing_requests_are_rate_limited(daemon: LiveDaemon) -> None:

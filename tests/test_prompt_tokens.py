@@ -176,6 +176,7 @@ def test_tiny_vocabulary_pieces_equal_whole_prompts(tiny: LlamaModel) -> None:
     assert tok.tokens(text) == tiny.tokenize(text)
 
 
+@pytest.mark.gemma
 def test_gemma_pieces_equal_whole_prompts_and_a_continued_conversation_hits_the_cache(gemma: LlamaModel) -> None:
     tok = gemma.prompt_tokenizer()
     assert tok.pieces("<start_of_turn>user\nhi<end_of_turn>\n") == ["<start_of_turn>user\nhi", "<end_of_turn>\n"]

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support import TINY_ID, cli_token
-from xvfb import missing_tools, wait_for
+from support import TINY_ID, cli_token, wait_until
+from xvfb import missing_tools
 
 pytest.importorskip("PyInstaller", reason="needs PyInstaller (test extra)")
 
@@ -165,7 +165,7 @@ def service_url(tmp_path: Path, proc: subprocess.Popen, timeout: float = 120) ->
         except (OSError, ValueError, KeyError):
             return None
 
-    return wait_for(read, timeout, "the frozen program's service.json")
+    return wait_until(read, timeout, "the frozen program's service.json", ignoring=Exception)
 
 
 def test_frozen_program_serves_a_generated_model(frozen, tmp_path, models_dir):
@@ -251,9 +251,14 @@ def test_frozen_program_serves_the_demo_model_from_its_tray(frozen, tmp_path):
             )
         try:
             url = service_url(tmp_path, proc, timeout=300)
-            window = wait_for(x.tray_icons, 60, "the frozen program's tray icon")[0]
-            wait_for(lambda: idle_share(x, window) > 0.3, 30, "the idle icon drawn in the tray")
-            wait_for(lambda: "from the system tray (gtk)" in out_file.read_text(), 30, "the tray announced")
+            window = wait_until(x.tray_icons, 60, "the frozen program's tray icon", ignoring=Exception)[0]
+            wait_until(lambda: idle_share(x, window) > 0.3, 30, "the idle icon drawn in the tray", ignoring=Exception)
+            wait_until(
+                lambda: "from the system tray (gtk)" in out_file.read_text(),
+                30,
+                "the tray announced",
+                ignoring=Exception,
+            )
             with httpx.Client(base_url=url, timeout=300, headers={"Authorization": f"Bearer {token}"}) as c:
                 assert c.get("").json()["object"] == "service"
                 assert [m["id"] for m in c.get("/models").json()["data"]] == ["gemma-3:270m-q4_k_m"]

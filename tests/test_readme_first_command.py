@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 from desktop_support import PrivateBus, dbus_missing
 from notify_server import NotifyServer
-from support import free_port
-from xvfb import ROOT, XSession, missing_tools, wait_for
+from support import free_port, wait_until
+from xvfb import ROOT, XSession, missing_tools
 
 pytestmark = [
     pytest.mark.skipif(bool(missing_tools() or dbus_missing()), reason=f"needs {missing_tools() or dbus_missing()}"),
@@ -128,20 +128,22 @@ def test_the_readme_first_command_gives_a_tray_icon_whose_menu_opens(tmp_path):
                 return x.tray_icons()
 
             started = time.monotonic()
-            window = wait_for(icon, 1800, "the tray icon after the README's first command")[0]
+            window = wait_until(icon, 1800, "the tray icon after the README's first command", ignoring=Exception)[0]
             print(f"icon {time.monotonic() - started:.0f} s after the command started (pip included)")
-            wait_for(lambda: "from the system tray" in out_file.read_text(), 60, "the tray announced")
+            wait_until(
+                lambda: "from the system tray" in out_file.read_text(), 60, "the tray announced", ignoring=Exception
+            )
             x.screenshot("readme-tray-icon.png")
 
             x.click(window, 3)  # the menu (a left-click opens the console page in the browser)
-            menu = wait_for(x.popup_windows, 30, "the menu window after a click on the icon")[0]
+            menu = wait_until(x.popup_windows, 30, "the menu window after a click on the icon", ignoring=Exception)[0]
             time.sleep(0.5)
             shot = x.screenshot("readme-menu-open.png")
             background, text = menu_drawn(shot, menu.box())
             assert menu.width > 200 and menu.height > 150, menu
             assert background > 0.5 and text > 0.005, (background, text)  # a light menu with dark text on it
             x.keys("Escape")
-            wait_for(lambda: not x.popup_windows(), 30, "the menu to close")
+            wait_until(lambda: not x.popup_windows(), 30, "the menu to close", ignoring=Exception)
 
             stop = subprocess.run(
                 [str(repo / ".venv" / "bin" / "lmsp-tray"), "stop"],

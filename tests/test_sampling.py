@@ -84,6 +84,7 @@ def test_argmax_equals_llama_greedy_on_the_generated_model(tiny: LlamaModel) -> 
     assert len({tuple(r) for r in runs}) > 1  # different prompts really led different ways
 
 
+@pytest.mark.gemma
 def test_argmax_equals_llama_greedy_on_gemma(gemma: LlamaModel) -> None:
     _compare(gemma, "<start_of_turn>user\nWrite a haiku about the sea.<end_of_turn>\n<start_of_turn>model\n", 24)
 

@@ -11,8 +11,8 @@ import pytest
 from support import TINY_ID, LiveDaemon, body
 
 from lmsp_tray.auth.tokens import SCOPES
-from lmsp_tray.http.app import all_routes
-from lmsp_tray.http.security import PUBLIC, required_scope
+from lmsp_tray.http.api import PUBLIC
+from lmsp_tray.http.app import LMSP
 
 REALM = 'Bearer realm="lmsp"'
 
@@ -54,40 +54,25 @@ PUBLIC_ENDPOINTS = [
 ]
 
 
-def _route_pairs() -> list[tuple[str, object]]:
-    return [(m, r) for r in all_routes() for m in sorted(r.methods or ()) if m != "HEAD"]
-
-
-def test_scope_table_covers_every_route() -> None:
-    """Each route has a rule; the table-driven test below calls each non-public route."""
-    for method, route in _route_pairs():
-        sample = re.sub(r"\{[^}]+\}", "x", route.path)  # type: ignore[attr-defined]
-        scope = required_scope(method, sample)
-        assert scope is not None, f"{method} {route.path} has no entry in security.ROUTE_SCOPES"  # type: ignore
-        assert scope == PUBLIC or scope in SCOPES
-        called = [
-            e
-            for e in ENDPOINTS
-            if e[0] == method
-            and route.matches(  # type: ignore[attr-defined]
-                {"type": "http", "path": "/lmsp/v1" + e[1], "method": method}
-            )[0].name
-            == "FULL"
-        ]
-        public = [
-            p
-            for p in PUBLIC_ENDPOINTS
-            if p[0] == method
-            and route.matches(  # type: ignore[attr-defined]
-                {"type": "http", "path": "/lmsp/v1" + p[1], "method": method}
-            )[0].name
-            == "FULL"
-        ]
+def test_every_route_declares_its_scopes_and_is_called_below() -> None:
+    """Each method of each route names a scope; the table-driven test below calls each non-public one."""
+    for method, path, scope in LMSP.endpoints():
+        assert scope == PUBLIC or scope in SCOPES, (method, path, scope)
+        sample = re.sub(r"\{[^}]+\}", "x", path)
+        assert LMSP.required_scope(method, sample) == scope, (method, path)  # the route the router picks
+        if method == "GET":
+            assert LMSP.required_scope("HEAD", sample) == scope
+        served = {(m, p) for m, p, *_ in [*ENDPOINTS, *PUBLIC_ENDPOINTS] if m == method}
+        called = [p for m, p in served if LMSP.route_for(m, "/lmsp/v1" + p) is LMSP.route_for(method, sample)]
         if scope == PUBLIC:
-            assert public, f"public {method} {route.path} is not listed in PUBLIC_ENDPOINTS"  # type: ignore
+            assert called, f"public {method} {path} is not listed in PUBLIC_ENDPOINTS"
         else:
-            assert called, f"{method} {route.path} is missing from ENDPOINTS"  # type: ignore
-            assert all(e[3] == scope for e in called)
+            assert called, f"{method} {path} is missing from ENDPOINTS"
+            assert all(e[3] == scope for e in ENDPOINTS if e[0] == method and e[1] in called)
+    # Paths no route serves: None, i.e. any valid token, then 404 / 405 from the router.
+    assert LMSP.required_scope("GET", "/lmsp/v1/nothing") is None
+    assert LMSP.required_scope("PUT", "/lmsp/v1/models") is None
+    assert LMSP.required_scope("GET", "/elsewhere") is None
 
 
 def _token(c: httpx.Client, *scopes: str, name: str = "t") -> tuple[str, str]:
@@ -417,3 +402,29 @@ def test_problem_documents_do_not_echo_credentials(daemon: LiveDaemon) -> None:
         r = httpx.get(daemon.url + "/models", headers={"Authorization": auth}, timeout=30)
         texts.append(r.text + json.dumps(dict(r.headers)))
     assert all(wrong not in t for t in texts)
+
+
+def test_every_answer_carries_the_version(daemon_factory) -> None:
+    """`LMSP-Version: 1.0` on routes, streams, errors, and the security layer's own refusals and preflights."""
+    live = daemon_factory(allowed_origins=["http://localhost:3000"], max_request_bytes=4096)
+    auth = live.auth_headers
+    preflight = {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST"}
+    made = httpx.post(live.url + "/auth/tokens", json={"name": "reader", "scopes": ["models:read"]}, headers=auth)
+    reader = {"Authorization": f"Bearer {made.json()['secret']}"}
+    answers = {
+        "service document": httpx.get(live.url, timeout=30),
+        "401": httpx.get(live.url + "/models", timeout=30),
+        "403 scope": httpx.post(live.url + f"/models/{TINY_ID}/load", headers=reader, timeout=30),
+        "403 host": httpx.get(live.url, headers={"Host": "evil.example"}, timeout=30),
+        "403 origin": httpx.get(live.url, headers={"Origin": "http://evil.example"}, timeout=30),
+        "preflight": httpx.options(live.url + "/responses", headers=preflight, timeout=30),
+        "400 version": httpx.get(live.url, headers={"LMSP-Version": "2.0"}, timeout=30),
+        "404": httpx.get(live.url + "/nothing", headers=auth, timeout=30),
+        "405": httpx.put(live.url + "/models", headers=auth, timeout=30),
+        "413": httpx.post(live.url + "/responses", json={"input": "x" * 5000}, headers=auth, timeout=30),
+        "stream": httpx.post(live.url + "/responses", json=body(max_output_tokens=2, stream=True), headers=auth),
+    }
+    assert answers["preflight"].status_code == 204 and answers["stream"].status_code == 200
+    assert answers["403 scope"].json()["code"] == "insufficient_scope"
+    missing = {name: r.status_code for name, r in answers.items() if r.headers.get("lmsp-version") != "1.0"}
+    assert missing == {}

@@ -12,7 +12,7 @@ import pytest
 import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import Route
-from support import SSE, iter_sse
+from support import SSE, iter_sse, wait_until
 
 from lmsp_tray.http.sse import EventStream
 from lmsp_tray.protocol.events import Event
@@ -38,8 +38,7 @@ def server():
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
-    while not srv.started:
-        time.sleep(0.01)
+    wait_until(lambda: srv.started, 30, "uvicorn to start", interval=0.01)
     port = srv.servers[0].sockets[0].getsockname()[1]
     yield f"http://127.0.0.1:{port}"
     srv.should_exit = True

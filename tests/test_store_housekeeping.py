@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from lmsp_tray.errors import EventHistoryExpired
 from lmsp_tray.store import (
     Database,
+    EventsExpired,
     Housekeeper,
     StoredResponse,
     TokenRecord,
@@ -62,7 +62,7 @@ def test_purge_expires_old_events_but_keeps_task_results(db: Database) -> None:
 
     assert report.logs_expired == 1 and report.events == 40
     assert report.steps > 40 // 7  # small batches, each its own transaction
-    with pytest.raises(EventHistoryExpired):
+    with pytest.raises(EventsExpired):
         db.read(events.read_events, "task_old", 0)
     assert db.read(events.last_event_seq, "task_old") == 40
     old = db.read(tasks.get, "task_old")
@@ -85,7 +85,7 @@ def test_a_log_is_expired_before_its_events_go(db: Database) -> None:
     finished_task(db, "task_a", 10, 0.0)
     assert db.write_sync(_expire_logs, 100.0, 50.0, 50.0, 10) == 1
     assert count(db, "events") == 10  # not deleted yet
-    with pytest.raises(EventHistoryExpired):
+    with pytest.raises(EventsExpired):
         db.read(events.read_events, "task_a", 3)
 
 

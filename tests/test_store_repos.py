@@ -7,17 +7,25 @@ from pathlib import Path
 
 import pytest
 
-from lmsp_tray.errors import (
-    ContextLengthExceeded,
-    EventHistoryExpired,
-    IdempotencyKeyInProgress,
-    IdempotencyKeyReused,
-    InvalidRequest,
-    ResponseNotFound,
-    TaskNotFound,
-)
 from lmsp_tray.ids import new_id
-from lmsp_tray.store import Database, DuplicateEvent, EventSequenceError, StoredResponse, StoreError, TokenRecord
+from lmsp_tray.store import (
+    ChainBroken,
+    ChainCycle,
+    ChainTooLong,
+    Database,
+    DuplicateEvent,
+    EventSequenceError,
+    EventsExpired,
+    KeyInProgress,
+    KeyReused,
+    ResponseMissing,
+    StoredResponse,
+    StoreError,
+    TaskMissing,
+    TokenRecord,
+    UnknownCursor,
+    UnknownStatus,
+)
 from lmsp_tray.store import access_tokens as tokens
 from lmsp_tray.store import event_log as events
 from lmsp_tray.store import idempotency_keys as idempotency
@@ -77,24 +85,28 @@ def test_chain_is_oldest_first_with_inputs_then_outputs(db: Database) -> None:
 
 
 def test_chain_errors(db: Database) -> None:
-    with pytest.raises(ResponseNotFound) as info:
+    with pytest.raises(ResponseMissing) as info:
         db.read(responses.chain, "resp_nope")
-    assert info.value.param == "previous_response_id" and info.value.status == 404
+    assert info.value.response_id == "resp_nope"
     # a deleted middle link is an error, not a shorter context
     for i in range(1, 4):
         db.write_sync(responses.save, stored(f"resp_{i}", f"resp_{i - 1}" if i > 1 else None, "q", "a"))
     db.write_sync(responses.delete, "resp_2")
-    with pytest.raises(ResponseNotFound):
+    with pytest.raises(ChainBroken) as broken:
         db.read(responses.chain, "resp_3")
+    assert (broken.value.response_id, broken.value.missing) == ("resp_3", "resp_2")
     # another token's response cannot be continued
     db.write_sync(responses.save, stored("resp_mine", None, "q", "a", owner="tok_a"))
     db.write_sync(responses.save, stored("resp_next", "resp_mine", "q", "a", owner="tok_b"))
-    with pytest.raises(ResponseNotFound):
+    with pytest.raises(ChainBroken) as foreign:
         db.read(responses.chain, "resp_next", owner="tok_b")
+    assert foreign.value.missing is None
+    with pytest.raises(ResponseMissing):  # nor seen at all by another token
+        db.read(responses.chain, "resp_mine", owner="tok_b")
     # a cycle is detected
     db.write_sync(responses.save, stored("resp_x", "resp_y", "q", "a"))
     db.write_sync(responses.save, stored("resp_y", "resp_x", "q", "a"))
-    with pytest.raises(StoreError):
+    with pytest.raises(ChainCycle):
         db.read(responses.chain, "resp_x")
 
 
@@ -104,8 +116,9 @@ def test_chain_length_guard(db: Database) -> None:
         db.write_sync(responses.save, stored(f"resp_{i:02d}", prev, "q", "a"))
         prev = f"resp_{i:02d}"
     assert len(db.read(responses.chain, prev, max_turns=12)) == 12
-    with pytest.raises(ContextLengthExceeded):
+    with pytest.raises(ChainTooLong) as info:
         db.read(responses.chain, prev, max_turns=11)
+    assert info.value.max_turns == 11
 
 
 # ---- events ------------------------------------------------------------------------------
@@ -195,7 +208,7 @@ def test_task_lifecycle(db: Database) -> None:
     assert db.write_sync(tasks.finish, tid, "failed", error={"code": "x"}, events=[ev(3, "response.failed")]) is None
     assert db.read(tasks.get, tid).status == "completed"
     assert db.read(events.last_event_seq, tid) == 2
-    with pytest.raises(TaskNotFound):
+    with pytest.raises(TaskMissing):
         db.write_sync(tasks.finish, "task_missing", "cancelled")
     with pytest.raises(ValueError):
         db.write_sync(tasks.finish, tid, "in_progress")
@@ -223,9 +236,9 @@ def test_task_list_newest_first_with_filters_and_cursor(db: Database) -> None:
     assert [t.id for t in db.read(tasks.list_tasks, status="completed").items] == ["task_00"]
     assert len(db.read(tasks.list_tasks, status=["queued", "completed"]).items) == 7
     assert [t.id for t in db.read(tasks.list_tasks, owner="tok_a").items] == ["task_05", "task_03", "task_01"]
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(UnknownStatus):
         db.read(tasks.list_tasks, status="done")
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(UnknownCursor):
         db.read(tasks.list_tasks, after="task_nope")
 
 
@@ -275,18 +288,18 @@ def test_idempotency_begin_finish_replay_and_conflicts(db: Database) -> None:
     assert h != idempotency.request_hash({"model": "m", "input": [2, 1]})
     first = db.write_sync(idempotency.begin, "tok_a", "key-1", h, now=100.0)
     assert first.is_new and not first.replay and first.state == "in_progress"
-    with pytest.raises(IdempotencyKeyInProgress) as busy:
+    with pytest.raises(KeyInProgress) as busy:
         db.write_sync(idempotency.begin, "tok_a", "key-1", h, now=101.0)
-    assert busy.value.status == 409
-    with pytest.raises(IdempotencyKeyReused) as reused:
+    assert busy.value.key == "key-1"
+    with pytest.raises(KeyReused) as reused:
         db.write_sync(idempotency.begin, "tok_a", "key-1", "other-hash", now=101.0)
-    assert reused.value.status == 422
+    assert reused.value.key == "key-1"
     other_scope = db.write_sync(idempotency.begin, "tok_b", "key-1", "other-hash", now=101.0)
     assert other_scope.is_new  # keys are per token
     assert db.write_sync(idempotency.finish, "tok_a", "key-1", {"kind": "stream", "owner_id": "resp_1"}, now=102.0)
     again = db.write_sync(idempotency.begin, "tok_a", "key-1", h, now=103.0)
     assert again.replay and again.result == {"kind": "stream", "owner_id": "resp_1"} and again.finished_at == 102.0
-    with pytest.raises(IdempotencyKeyReused):
+    with pytest.raises(KeyReused):
         db.write_sync(idempotency.begin, "tok_a", "key-1", "other-hash", now=103.0)
     assert not db.write_sync(idempotency.finish, "tok_a", "key-1", {"kind": "again"})  # already done
 
@@ -347,10 +360,10 @@ def test_last_used_batcher_writes_in_one_transaction(db: Database) -> None:
     assert batcher.flush(db) == 0 and batcher.pending("tok_2") is None
 
 
-def test_event_history_expired_is_the_lmsp_error(db: Database) -> None:
+def test_expired_events_are_a_store_error(db: Database) -> None:
     db.write_sync(events.append_events, "task_a", [ev(1), ev(2, "response.completed")])
     db.write_sync(lambda c: c.execute("UPDATE event_logs SET expired_at = 1 WHERE owner_id = 'task_a'"))
-    with pytest.raises(EventHistoryExpired) as info:
+    with pytest.raises(EventsExpired) as info:
         db.read(events.read_events, "task_a", 1)
-    assert (info.value.status, info.value.code) == (410, "event_history_expired")
+    assert info.value.owner_id == "task_a" and isinstance(info.value, StoreError)
     assert db.read(events.read_events, "task_a", 2) == []  # nothing older was asked for

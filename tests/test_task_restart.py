@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support import SLOW_ID, SSE, body, cli_token, free_port, iter_sse, wait_task
+from support import SLOW_ID, SSE, body, cli_token, free_port, iter_sse, wait_task, wait_until
 
 from lmsp_tray.store import Database
 
@@ -93,17 +93,15 @@ class Served:
         )
 
     def wait_ready(self, timeout: float = 90) -> None:
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the service exited: {self.proc.stderr.read().decode()[-3000:]}")
-            try:
-                if httpx.get(self.url, timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.05)
-        raise AssertionError("the service never answered")
+        proc = self.proc
+        assert proc is not None
+
+        def answered() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"the service exited: {proc.stderr.read().decode()[-3000:]}")
+            return httpx.get(self.url, timeout=1).status_code == 200
+
+        wait_until(answered, timeout, "the service to answer", interval=0.05, ignoring=httpx.HTTPError)
 
     def kill(self) -> None:
         assert self.proc is not None

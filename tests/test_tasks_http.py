@@ -5,9 +5,10 @@ from __future__ import annotations
 import random
 import threading
 import time
+from typing import Any
 
 import httpx
-from support import SLOW_ID, SSE, TINY_ID, MemoryVault, body, iter_sse, wait_task
+from support import SLOW_ID, SSE, TINY_ID, MemoryVault, body, iter_sse, wait_task, wait_until
 
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}
 
@@ -174,14 +175,13 @@ def test_events_expire_after_retention_but_the_task_keeps_its_result(daemon_fact
         task = create(c, **body("short lived", max_output_tokens=5))
         evs = read(c, task["id"])
         assert evs[-1].event in TERMINAL
-        deadline = time.monotonic() + 60  # the housekeeper runs every second with this retention
-        while time.monotonic() < deadline:
+
+        def expired() -> httpx.Response | None:
             r = c.get(f"/tasks/{task['id']}/events")
-            if r.status_code == 410:
-                break
-            assert r.status_code == 200
-            time.sleep(0.2)
-        assert r.status_code == 410, "the events never expired"
+            assert r.status_code in (200, 410)
+            return r if r.status_code == 410 else None
+
+        r = wait_until(expired, 60, "the events to expire", interval=0.2)  # the housekeeper runs every second
         assert r.headers["content-type"] == "application/problem+json"
         assert r.json()["code"] == "event_history_expired"
         assert c.get(f"/tasks/{task['id']}/events", params={"after": 2}).status_code == 410
@@ -190,15 +190,11 @@ def test_events_expire_after_retention_but_the_task_keeps_its_result(daemon_fact
         assert doc["status"] == "incomplete" and final_text(doc["response"]) == deltas(evs)
     # The housekeeper deleted the events themselves (in the background): the database stays bounded.
     db = live.daemon.db
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        left = db.read(
-            lambda conn: conn.execute("SELECT COUNT(*) FROM events WHERE owner_id = ?", (task["id"],)).fetchone()[0]
-        )
-        if left == 0:
-            break
-        time.sleep(0.2)
-    assert left == 0
+
+    def left(conn: Any) -> int:
+        return conn.execute("SELECT COUNT(*) FROM events WHERE owner_id = ?", (task["id"],)).fetchone()[0]
+
+    wait_until(lambda: db.read(left) == 0, 30, "the expired events to be deleted", interval=0.2)
 
 
 def test_cancel_mid_generation(daemon_factory) -> None:
@@ -218,9 +214,7 @@ def test_cancel_mid_generation(daemon_factory) -> None:
         assert got[-1].event == "response.cancelled"
         assert [e.id for e in got] == list(range(1, len(got) + 1))
         sched = live.scheduler(SLOW_ID)
-        deadline = time.monotonic() + 10
-        while sched.generating and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: sched.generating == 0, 10, "the generation to stop", interval=0.01)
         steps = sched.steps
         time.sleep(0.3)
         assert sched.generating == 0 and sched.steps == steps

@@ -15,13 +15,12 @@ import os
 import signal
 import stat
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 from desktop_support import ROOT, program
-from support import TINY_ID
+from support import TINY_ID, wait_until
 
 
 def xdg_env(tmp_path: Path, runtime: str) -> dict[str, str]:
@@ -63,11 +62,12 @@ def service(tmp_path, models_dir):
             stderr=subprocess.STDOUT,
         )
     discovery = tmp_path / "run-service" / "lmsp-tray" / "service.json"
-    deadline = time.monotonic() + 60
-    while not discovery.exists():
+
+    def written() -> bool:
         assert proc.poll() is None, out.read_text()
-        assert time.monotonic() < deadline, out.read_text()
-        time.sleep(0.05)
+        return discovery.exists()
+
+    wait_until(written, 60, lambda: f"the discovery file; the service said: {out.read_text()}", interval=0.05)
     url = json.loads(discovery.read_text())["url"]
     yield proc, url, tmp_path / "run-service" / "lmsp-tray"
     if proc.poll() is None:

@@ -10,29 +10,18 @@ under Xvfb).
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 from gguf_factory import write_tiny_gguf
-from support import SLOW_ID, SSE, TINY_ID, iter_sse
+from support import SLOW_ID, SSE, TINY_ID, iter_sse, wait_until
 
 from lmsp_tray.desktop.autostart import Autostart
 from lmsp_tray.desktop.backend import DaemonTrayBackend, TrayHooks, tray_hooks
 from lmsp_tray.desktop.menu import Action, ModelView, PairingView, build_menu, find_item
 from lmsp_tray.errors import LMSPError, ModelNotFound
-
-
-def wait_for(predicate, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError("condition not reached")
 
 
 @pytest.fixture
@@ -109,7 +98,7 @@ def test_generating_follows_the_scheduler(backend, client):
         label = find_item(build_menu(backend.snapshot()), "Models").find(SLOW_ID).text
         assert label.endswith("\u2014 generating")
     # Closing the stream cancels the generation within a step.
-    wait_for(lambda: not views(backend)[SLOW_ID].generating)
+    wait_until(lambda: not views(backend)[SLOW_ID].generating, 30, "the generation to end")
 
 
 def unknown_architecture(path: Path) -> Path:
@@ -240,7 +229,7 @@ def test_quit_stops_the_daemon_cleanly(daemon_factory, autostart):
     live = daemon_factory()
     backend = DaemonTrayBackend(live.daemon, autostart)
     discovery = live.daemon.paths.discovery_file
-    wait_for(discovery.exists)
+    wait_until(discovery.exists, 30, "the discovery file")
     backend.load_model(SLOW_ID)
     terminal: list[str] = []
     streaming = threading.Event()

@@ -24,9 +24,9 @@ from pathlib import Path
 import httpx
 import pytest
 from gguf_factory import write_tiny_gguf
-from support import SLOW_ID, SSE, TINY_ID, cli_token, iter_sse
+from support import SLOW_ID, SSE, TINY_ID, cli_token, iter_sse, wait_until
 from tray_driver import TIMEOUT, TrayProcess, as_shown, shown
-from xvfb import ROOT, XSession, missing_tools, spec_keys, wait_for
+from xvfb import ROOT, XSession, missing_tools, spec_keys
 
 from lmsp_tray.desktop.backend import display_path, keyring_notice
 from lmsp_tray.desktop.menu import ModelView, TrayState, build_menu
@@ -95,7 +95,7 @@ class DaemonTray(TrayProcess):
             except (OSError, ValueError, KeyError):
                 return None
 
-        return wait_for(read, 120, "service.json")
+        return wait_until(read, 120, "service.json", ignoring=Exception)
 
 
 def api_models(client: httpx.Client) -> list[dict]:
@@ -107,7 +107,12 @@ def api_state(client: httpx.Client, model_id: str) -> str:
 
 
 def wait_api_state(client: httpx.Client, model_id: str, state: str) -> None:
-    wait_for(lambda: api_state(client, model_id) == state, TIMEOUT, f"{model_id} to be {state} in the API")
+    wait_until(
+        lambda: api_state(client, model_id) == state,
+        TIMEOUT,
+        f"{model_id} to be {state} in the API",
+        ignoring=Exception,
+    )
 
 
 def checked(tray: TrayProcess, model_id: str, value: bool, what: str) -> dict:
@@ -126,7 +131,7 @@ def test_real_program_tray_drives_the_daemon(tray, xsession, models_dir):
     url = tray.url()
     window = tray.icon_window()
     print(f"icon embedded {time.monotonic() - tray.started:.2f} s after start")
-    wait_for(lambda: tray.menu().get("embedded"), TIMEOUT, "Gtk to report the icon embedded")
+    wait_until(lambda: tray.menu().get("embedded"), TIMEOUT, "Gtk to report the icon embedded", ignoring=Exception)
     assert tray.menu()["toolkit"] == "gtk"
     geo = xsession.geometry(window)
     assert geo.width >= 16 and geo.height >= 16
@@ -151,7 +156,12 @@ def test_real_program_tray_drives_the_daemon(tray, xsession, models_dir):
                 token_session_only=True,
             )
         )
-        wait_for(lambda: shown(tray.menu()["items"]) == as_shown(expected), TIMEOUT, "the menu to match the API")
+        wait_until(
+            lambda: shown(tray.menu()["items"]) == as_shown(expected),
+            TIMEOUT,
+            "the menu to match the API",
+            ignoring=Exception,
+        )
         assert tray.keys_to("Models", TINY_ID) == spec_keys(expected, "Models", TINY_ID)
         assert tray.item("Copy access token")["sensitive"] is True  # the session owner token
 
@@ -220,7 +230,7 @@ def test_real_program_tray_drives_the_daemon(tray, xsession, models_dir):
 
         shown_reader, _ = start_stream()
         tray.wait_item("Models", SLOW_ID, check=lambda i: i["text"].endswith("\u2014 generating"))
-        wait_for(lambda: tray.menu().get("activity") == "serving", TIMEOUT, "the serving icon")
+        wait_until(lambda: tray.menu().get("activity") == "serving", TIMEOUT, "the serving icon", ignoring=Exception)
         tray.show("Models", screenshot="daemon-tray-menu-generating.png")
         assert tray.icon_colour_share(ROOT / "test-artifacts" / "daemon-tray-menu-generating.png", "serving") > 0.3
 

@@ -21,9 +21,9 @@ import httpx
 import pytest
 from hub_server import FakeHub
 from hub_support import TINY, fake_hub, hub  # noqa: F401
-from support import cli_token
+from support import cli_token, wait_until
 from tray_driver import TIMEOUT, TrayProcess
-from xvfb import ROOT, XSession, missing_tools, wait_for
+from xvfb import ROOT, XSession, missing_tools
 
 pytestmark = [
     pytest.mark.skipif(bool(missing_tools()), reason=f"needs {', '.join(missing_tools())}"),
@@ -95,7 +95,7 @@ class DownloadTray(TrayProcess):
             except (OSError, ValueError, KeyError):
                 return None
 
-        return wait_for(read, 120, "service.json")
+        return wait_until(read, 120, "service.json", ignoring=Exception)
 
     def notified(self) -> list[str]:
         try:
@@ -130,21 +130,27 @@ def test_the_menu_follows_a_download_and_a_notification_ends_it(xsession, tmp_pa
             tray.open_menu()
             xsession.screenshot("tray-menu-download.png")
             xsession.keys("Escape")
-            wait_for(lambda: not tray.menu().get("open"), TIMEOUT, "the menu to close")
+            wait_until(lambda: not tray.menu().get("open"), TIMEOUT, "the menu to close", ignoring=Exception)
             pause.release.set()
-            wait_for(
+            wait_until(
                 lambda: any("ready as tiny-hub:1m-q5_k_m" in n for n in tray.notified()),
                 TIMEOUT,
                 "the download-done notification",
+                ignoring=Exception,
             )
             assert f"Downloaded hf.co/{TINY}:Q5_K_M: ready as tiny-hub:1m-q5_k_m." in tray.notified()[-1]
-            wait_for(lambda: tray.item("Downloading") is None, TIMEOUT, "the download line to go")
+            wait_until(lambda: tray.item("Downloading") is None, TIMEOUT, "the download line to go", ignoring=Exception)
             tray.wait_item("Models", "tiny-hub:1m-q5_k_m")
 
             hub.flip[f"{TINY}/Tiny-Q4_K_M.gguf"] = 1000
             r = c.post("/models/pull", json={"model": f"{TINY}/Tiny-Q4_K_M.gguf"})
             assert r.status_code == 202, r.text
-            wait_for(lambda: any("failed" in n for n in tray.notified()), TIMEOUT, "the download-failed notification")
+            wait_until(
+                lambda: any("failed" in n for n in tray.notified()),
+                TIMEOUT,
+                "the download-failed notification",
+                ignoring=Exception,
+            )
             failed = tray.notified()[-1]
             assert f"Download of {TINY}/Tiny-Q4_K_M.gguf failed: Tiny-Q4_K_M.gguf arrived damaged" in failed
         tray.choose("Quit", closes=False)

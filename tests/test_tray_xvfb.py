@@ -24,8 +24,9 @@ import time
 from pathlib import Path
 
 import pytest
+from support import wait_until
 from tray_driver import TIMEOUT, TrayProcess, as_shown, shown
-from xvfb import ROOT, XSession, missing_tools, spec_keys, wait_for
+from xvfb import ROOT, XSession, missing_tools, spec_keys
 
 from lmsp_tray.desktop.menu import ModelView, TrayState, build_menu
 
@@ -108,7 +109,7 @@ def test_icon_appears_menu_opens_click_loads_and_unloads_quit_exits_0(tray_facto
     tray = tray_factory(bus="session", gate=True)
     window = tray.icon_window()
     print(f"icon embedded after {time.monotonic() - tray.started:.2f} s")
-    wait_for(lambda: tray.menu().get("embedded"), TIMEOUT, "Gtk to report the icon embedded")
+    wait_until(lambda: tray.menu().get("embedded"), TIMEOUT, "Gtk to report the icon embedded", ignoring=Exception)
     assert tray.menu()["toolkit"] == "gtk"
     geo = xsession.geometry(window)
     assert geo.width >= 16 and geo.height >= 16
@@ -131,7 +132,7 @@ def test_icon_appears_menu_opens_click_loads_and_unloads_quit_exits_0(tray_facto
     assert xsession.popup_windows()[0].width > 150
     xsession.screenshot("tray-menu-open.png")
     xsession.keys("Escape")
-    wait_for(lambda: not tray.menu().get("open"), TIMEOUT, "the menu to close")
+    wait_until(lambda: not tray.menu().get("open"), TIMEOUT, "the menu to close", ignoring=Exception)
 
     # Click the model: it loads (on a worker thread, showing "Loading…" and the loading icon).
     tray.choose("Models", "tiny-a", screenshot="tray-menu-models.png")
@@ -140,7 +141,7 @@ def test_icon_appears_menu_opens_click_loads_and_unloads_quit_exits_0(tray_facto
     loading = tray.wait_item("Models", "tiny-a", check=lambda i: i["text"].endswith("Loading\u2026"))
     assert loading["sensitive"] is False
     tray.show("Models", screenshot="tray-menu-loading.png")
-    wait_for(lambda: tray.menu().get("activity") == "loading", TIMEOUT, "the loading icon")
+    wait_until(lambda: tray.menu().get("activity") == "loading", TIMEOUT, "the loading icon", ignoring=Exception)
     time.sleep(0.3)
     shot = xsession.screenshot("tray-icon-loading.png")
     assert tray.icon_colour_share(shot, "loading") > 0.3
@@ -175,17 +176,22 @@ def test_failed_load_shows_the_reason_and_the_error_icon(tray_factory, xsession)
     assert lines == ["not a GGUF file (bad magic b'PK\\x03\\x04')", "Try again"]
     notice = tray.wait_item("\u26a0 Could not load broken")
     assert notice["text"] == "\u26a0 Could not load broken: not a GGUF file (bad magic b'PK\\x03\\x04')"  # whole
-    wait_for(lambda: tray.menu().get("activity") == "error", TIMEOUT, "the error icon")
+    wait_until(lambda: tray.menu().get("activity") == "error", TIMEOUT, "the error icon", ignoring=Exception)
     time.sleep(0.3)
     shot = xsession.screenshot("tray-icon-error.png")
     assert tray.icon_colour_share(shot, "error") > 0.3
     tray.open_menu()
     xsession.screenshot("tray-menu-error.png")
     xsession.keys("Escape")
-    wait_for(lambda: not tray.menu().get("open"), TIMEOUT, "the menu to close")
+    wait_until(lambda: not tray.menu().get("open"), TIMEOUT, "the menu to close", ignoring=Exception)
     # SIGTERM (logout, systemd stop) ends the loop cleanly too.
     tray.choose("Models", "broken", "Try again")
-    wait_for(lambda: len([e for e in tray.events() if e["event"] == "load_failed"]) == 2, TIMEOUT, "a retry")
+    wait_until(
+        lambda: len([e for e in tray.events() if e["event"] == "load_failed"]) == 2,
+        TIMEOUT,
+        "a retry",
+        ignoring=Exception,
+    )
     tray.proc.send_signal(signal.SIGTERM)
     assert tray.wait_exit() == 0
     written = tray.text_written()
@@ -227,14 +233,14 @@ def test_api_changes_pairing_token_and_start_at_login(tray_factory, xsession):
     ]
     gemma = tray.wait_item("Models", "gemma-3", check=lambda i: i["checked"] is True)
     assert gemma["text"].endswith("\u2014 generating")
-    wait_for(lambda: tray.menu().get("activity") == "serving", TIMEOUT, "the serving icon")
+    wait_until(lambda: tray.menu().get("activity") == "serving", TIMEOUT, "the serving icon", ignoring=Exception)
     time.sleep(0.3)
     shot = xsession.screenshot("tray-icon-serving.png")
     assert tray.icon_colour_share(shot, "serving") > 0.3
 
     tray.choose("\u201cNotes app\u201d", "Approve", screenshot="tray-menu-pairing.png")
     tray.wait_event("approve_pairing", "pair_01")
-    wait_for(lambda: tray.item("\u201cNotes") is None, TIMEOUT, "the request to leave the menu")
+    wait_until(lambda: tray.item("\u201cNotes") is None, TIMEOUT, "the request to leave the menu", ignoring=Exception)
 
     # Copy access token: the secret reaches the clipboard (read by another X client), nothing else.
     tray.choose("Copy access token")
@@ -248,10 +254,11 @@ def test_api_changes_pairing_token_and_start_at_login(tray_factory, xsession):
         [sys.executable, "-c", reader], env=xsession.env, capture_output=True, text=True, timeout=TIMEOUT
     )
     assert clip.stdout == SECRET
-    notes = wait_for(
+    notes = wait_until(
         lambda: tray.notifications.exists() and [json.loads(l) for l in tray.notifications.read_text().splitlines()],
         TIMEOUT,
         "a notification",
+        ignoring=Exception,
     )
     assert any(n["summary"] == "Access token copied to the clipboard" for n in notes)
 

@@ -17,7 +17,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from xvfb import XSession, wait_for
+from support import wait_until
+from xvfb import XSession
 
 from lmsp_tray.desktop.icons import COLOURS
 
@@ -56,7 +57,7 @@ class TrayProcess:
         def found():
             return next((e for e in self.events() if e["event"] == event and (arg is None or e["arg"] == arg)), None)
 
-        return wait_for(found, TIMEOUT, f"backend event {event} {arg or ''}")
+        return wait_until(found, TIMEOUT, f"backend event {event} {arg or ''}", ignoring=Exception)
 
     def item(self, *path: str, menu: dict | None = None) -> dict | None:
         items = (menu or self.menu()).get("items", [])
@@ -73,21 +74,22 @@ class TrayProcess:
         return item if item is not None and check(item) else None
 
     def wait_item(self, *path: str, check=lambda item: True, what: str = "") -> dict:
-        return wait_for(
+        return wait_until(
             lambda: self._checked(self.item(*path), check),
             TIMEOUT,
             what or f"menu item {' > '.join(path)}",
+            ignoring=Exception,
         )
 
     # -- acting -----------------------------------------------------------------------------------
     def icon_window(self) -> int:
-        return wait_for(self.x.tray_icons, TIMEOUT, "the tray icon to be embedded")[0]
+        return wait_until(self.x.tray_icons, TIMEOUT, "the tray icon to be embedded", ignoring=Exception)[0]
 
     def open_menu(self) -> None:
         assert not self.menu().get("open")
         self.x.click(self.icon_window(), 3)
-        wait_for(lambda: self.menu().get("open"), TIMEOUT, "the menu to open")
-        wait_for(self.x.popup_windows, TIMEOUT, "the menu window to be mapped")
+        wait_until(lambda: self.menu().get("open"), TIMEOUT, "the menu to open", ignoring=Exception)
+        wait_until(self.x.popup_windows, TIMEOUT, "the menu window to be mapped", ignoring=Exception)
         time.sleep(0.2)  # let the pointer/keyboard grab settle before typing
 
     def keys_to(self, *path: str) -> list[str]:
@@ -113,7 +115,7 @@ class TrayProcess:
             self.x.screenshot(screenshot)
         self.x.keys("Return")
         if closes:
-            wait_for(lambda: not self.menu().get("open"), TIMEOUT, "the menu to close")
+            wait_until(lambda: not self.menu().get("open"), TIMEOUT, "the menu to close", ignoring=Exception)
 
     def show(self, *path: str, screenshot: str) -> None:
         """Open the menu, walk to `path` (submenus open), screenshot, close it again."""
@@ -127,7 +129,7 @@ class TrayProcess:
                 break
             self.x.keys("Escape")
             time.sleep(0.2)
-        wait_for(lambda: not self.menu().get("open"), TIMEOUT, "the menu to close")
+        wait_until(lambda: not self.menu().get("open"), TIMEOUT, "the menu to close", ignoring=Exception)
 
     def icon_colour_share(self, shot: Path, activity: str) -> float:
         """Share of the icon window's pixels in the tile colour of `activity`.

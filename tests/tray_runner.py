@@ -19,7 +19,6 @@ import json
 import logging
 import sys
 import threading
-import time
 import warnings
 from pathlib import Path
 
@@ -28,6 +27,7 @@ warnings.filterwarnings("ignore", category=DeprecationWarning)  # Gtk.StatusIcon
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gtk_probe import start_menu_dump
+from support import wait_until
 
 from lmsp_tray.desktop.autostart import Autostart
 from lmsp_tray.desktop.menu import ModelView, PairingView, TrayState, activity_for
@@ -103,9 +103,7 @@ class FileBackend:
         self._set(model_id, state="loading", error=None)
         if self.gate:
             release = self.dir / f"release-{model_id}"
-            deadline = time.monotonic() + 120
-            while not release.exists() and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_until(release.exists, 120, f"the test to release {model_id}", interval=0.05)
         if model_id in self.fail:
             self._set(model_id, state="error", error=self.fail[model_id])
             self.record("load_failed", model_id)

@@ -18,10 +18,11 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Self, TypeVar
+
+from support import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
@@ -37,25 +38,6 @@ def missing_tools() -> list[str]:
     except ImportError:
         missing.append("python-xlib")
     return missing
-
-
-def wait_for(check: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
-    """Poll `check` until it returns something truthy; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while True:
-        try:
-            value = check()
-            if value:
-                return value
-        except Exception as exc:  # noqa: BLE001 - retried until the deadline
-            last_error = exc
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"timed out after {timeout:.0f} s waiting for {what}"
-                + (f" (last error: {last_error})" if last_error else "")
-            )
-        time.sleep(interval)
 
 
 def spec_selectable(spec) -> bool:
@@ -159,7 +141,7 @@ class XSession:
             if write_fd >= 0:
                 os.close(write_fd)
         self.display_name = f":{int(number.strip())}"
-        wait_for(self._open_display, 30, f"X display {self.display_name}")
+        wait_until(self._open_display, 30, f"X display {self.display_name}", ignoring=Exception)
         if self.with_tray_host:
             self.start_tray_host()
 
@@ -184,7 +166,7 @@ class XSession:
             stderr=subprocess.DEVNULL,
         )
         self._procs.append(trayer)
-        wait_for(self.tray_host_ready, 30, "trayer to own _NET_SYSTEM_TRAY_S0")
+        wait_until(self.tray_host_ready, 30, "trayer to own _NET_SYSTEM_TRAY_S0", ignoring=Exception)
 
     def stop(self) -> None:
         if self._xlib is not None:

@@ -8,6 +8,7 @@ stderr and a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import logging.handlers
@@ -215,6 +216,25 @@ def cmd_models(paths: Paths, config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+GC_YOUNG_THRESHOLD = 20_000  # allocations between two young collections (CPython's default: 700)
+
+
+def settle_heap() -> None:
+    """Keep the garbage collector's pauses short once the service is built (this process only).
+
+    A collection holds the GIL: every thread, the event loop included, waits
+    for it. What start-up built lives as long as the process, so it is frozen
+    out of the collector's sight (a full collection otherwise walks it every
+    time, 35-185 ms per collection measured while an 8 MiB body was parsed). A
+    large request allocates about 10^5 containers, nearly all freed by
+    reference counting; a larger first generation makes it trigger tens of
+    young collections rather than hundreds, and far fewer full ones.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+
+
 def cmd_serve(
     paths: Paths,
     config: Config,
@@ -258,6 +278,7 @@ def cmd_serve(
         ) from None
     write_info(paths, SERVICE, url=daemon.url)
     count = sum(1 for e in catalog.entries() if e.ok)
+    settle_heap()
     if tray:
         from lmsp_tray.desktop.system import headless_message
 

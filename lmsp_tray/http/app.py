@@ -1,4 +1,5 @@
-"""The Starlette application: routes, security, the LMSP-Version rule and problem documents."""
+"""The Starlette application: the `/lmsp/v1` API and the console page, security, the LMSP-Version rule and
+problem documents."""
 
 from __future__ import annotations
 
@@ -9,10 +10,17 @@ from starlette.applications import Starlette
 from lmsp_tray.auth.console import ConsoleAccess
 from lmsp_tray.auth.pairing import Auth
 from lmsp_tray.errors import UnsupportedVersion
+from lmsp_tray.http.api import Api
 from lmsp_tray.http.auth_routes import AUTH_ROUTES
-from lmsp_tray.http.console_routes import CONSOLE_API_ROUTES, CONSOLE_PAGE_ROUTES, ConsoleParts, load_assets
+from lmsp_tray.http.console_routes import (
+    CONSOLE_API_ROUTES,
+    CONSOLE_PAGE_ROUTES,
+    ConsoleParts,
+    console_redirect,
+    load_assets,
+)
 from lmsp_tray.http.download_routes import DOWNLOAD_ROUTES
-from lmsp_tray.http.problems import EXCEPTION_HANDLERS, send_problem
+from lmsp_tray.http.problems import EXCEPTION_HANDLERS, PROBLEMS, send_error
 from lmsp_tray.http.recorder import ActivityRecorder
 from lmsp_tray.http.routes import ROUTES
 from lmsp_tray.http.security import SecurityMiddleware, SecurityPolicy
@@ -20,9 +28,13 @@ from lmsp_tray.http.stored_routes import STORED_ROUTES
 from lmsp_tray.serving.responder import Responder
 from lmsp_tray.serving.service import Service
 
+LMSP = Api("/lmsp/v1", [*DOWNLOAD_ROUTES, *ROUTES, *STORED_ROUTES, *AUTH_ROUTES, *CONSOLE_API_ROUTES], errors=PROBLEMS)
+CONSOLE = Api("/console", CONSOLE_PAGE_ROUTES, errors=PROBLEMS, bare=console_redirect)  # the page's files
+APIS = [LMSP, CONSOLE]  # the first also answers for paths outside every API
 
-class VersionMiddleware:
-    """Every response carries `LMSP-Version: 1.0`; a request for another major version gets 400."""
+
+class VersionHeader:
+    """Every response carries `LMSP-Version: 1.0`: the routes', the errors', the security layer's own."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -31,18 +43,6 @@ class VersionMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        for name, value in scope["headers"]:
-            if name == b"lmsp-version":
-                major = value.decode("latin-1").strip().split(".", 1)[0]
-                if major != "1":
-                    await send_problem(
-                        send,
-                        UnsupportedVersion(
-                            f"LMSP-Version {value.decode('latin-1')!r} is not supported; this service speaks 1.0.",
-                            param="LMSP-Version",
-                        ),
-                    )
-                    return
 
         async def send_with_version(message: Any) -> None:
             if message["type"] == "http.response.start":
@@ -55,9 +55,20 @@ class VersionMiddleware:
         await self.app(scope, receive, send_with_version)
 
 
-def all_routes() -> list[Any]:
-    """The API's routes (everything under /lmsp/v1)."""
-    return [*DOWNLOAD_ROUTES, *ROUTES, *STORED_ROUTES, *AUTH_ROUTES, *CONSOLE_API_ROUTES]
+class VersionCheck:
+    """A request for another major version of LMSP gets 400 (after the security checks)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            for name, value in scope["headers"]:
+                if name == b"lmsp-version" and value.decode("latin-1").strip().split(".", 1)[0] != "1":
+                    detail = f"LMSP-Version {value.decode('latin-1')!r} is not supported; this service speaks 1.0."
+                    await send_error(send, UnsupportedVersion(detail, param="LMSP-Version"))
+                    return
+        await self.app(scope, receive, send)
 
 
 def create_app(
@@ -77,8 +88,9 @@ def create_app(
     `store` and `Idempotency-Key` are ignored and the stored-response and task endpoints answer 503.
     It also passes `console` (the code exchange, activity log, settings); without it the console's
     code exchange still works but its activity and settings endpoints answer 503."""
-    routes = [*all_routes(), *CONSOLE_PAGE_ROUTES]
+    routes = [route for api in APIS for route in api.starlette_routes()]
     app = Starlette(routes=routes, exception_handlers=dict(EXCEPTION_HANDLERS))
+    app.state.apis = APIS
     app.state.service = service
     app.state.auth = auth
     app.state.responder = responder or Responder(service)
@@ -88,6 +100,6 @@ def create_app(
     app.state.console = console or ConsoleParts(ConsoleAccess(auth.tokens))
     app.state.console_assets = load_assets()
     policy = SecurityPolicy.build(service.config.allowed_origins, service.config.max_request_bytes)
-    secured = SecurityMiddleware(VersionMiddleware(app), tokens=auth.tokens, policy=policy)
+    answered = VersionHeader(SecurityMiddleware(VersionCheck(app), tokens=auth.tokens, policy=policy, apis=APIS))
     activity = app.state.console.activity
-    return secured if activity is None else ActivityRecorder(secured, activity)
+    return answered if activity is None else ActivityRecorder(answered, activity)

@@ -3,7 +3,7 @@
 Why separate from `routes`: these handlers talk to `TokenManager` and
 `PairingBroker` (`request.app.state.auth`), not to the model service, and
 the CLI and local apps are their only clients. The scope each one needs is
-in `security.ROUTE_SCOPES`. Keyring calls block, so creating, revoking and
+declared with its route below. Keyring calls block, so creating, revoking and
 approving run on a worker thread. A secret appears in exactly two answers:
 the `POST /auth/tokens` that created it and the one poll that collects a
 paired token.
@@ -16,11 +16,11 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from lmsp_tray.auth.pairing import Auth
 from lmsp_tray.auth.tokens import token_object
 from lmsp_tray.errors import InvalidRequest, Unauthorized
+from lmsp_tray.http.api import PUBLIC, Scoped
 from lmsp_tray.http.openapi import build_openapi
 from lmsp_tray.http.routes import JSON, read_json
 from lmsp_tray.http.security import REALM, bearer
@@ -118,12 +118,14 @@ async def openapi_document(request: Request) -> Response:
     return JSON(build_openapi(entries[0].id if entries else None))
 
 
+# Under /lmsp/v1, each with the scope each method needs.
 AUTH_ROUTES = [
-    Route("/lmsp/v1/openapi.json", openapi_document, methods=["GET"]),
-    Route("/lmsp/v1/auth/tokens", tokens_endpoint, methods=["GET", "POST"]),
-    Route("/lmsp/v1/auth/tokens/{token_id}/revoke", revoke_token, methods=["POST"]),
-    Route("/lmsp/v1/auth/pairings", pairings_endpoint, methods=["GET", "POST"]),
-    Route("/lmsp/v1/auth/pairings/{pairing_id}", poll_pairing, methods=["GET"]),
-    Route("/lmsp/v1/auth/pairings/{ref}/approve", approve_pairing, methods=["POST"]),
-    Route("/lmsp/v1/auth/pairings/{ref}/deny", deny_pairing, methods=["POST"]),
+    Scoped("/openapi.json", openapi_document, GET=PUBLIC),
+    Scoped("/auth/tokens", tokens_endpoint, GET="tokens:manage", POST="tokens:manage"),
+    Scoped("/auth/tokens/{token_id}/revoke", revoke_token, POST="tokens:manage"),
+    # Asking to pair needs no token (rate-limited; the user decides); polling needs the pairing's poll token.
+    Scoped("/auth/pairings", pairings_endpoint, GET="tokens:manage", POST=PUBLIC),
+    Scoped("/auth/pairings/{pairing_id}", poll_pairing, GET=PUBLIC),
+    Scoped("/auth/pairings/{ref}/approve", approve_pairing, POST="tokens:manage"),
+    Scoped("/auth/pairings/{ref}/deny", deny_pairing, POST="tokens:manage"),
 ]

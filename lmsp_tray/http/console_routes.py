@@ -34,10 +34,10 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
-from starlette.routing import Route
 
 from lmsp_tray.auth.console import ConsoleAccess
 from lmsp_tray.errors import Conflict, InvalidRequest, ServiceUnavailable
+from lmsp_tray.http.api import PUBLIC, Scoped
 from lmsp_tray.http.routes import JSON, caller_of, read_json
 from lmsp_tray.serving.activity import ActivityLog
 from lmsp_tray.serving.settings import Settings
@@ -214,15 +214,15 @@ async def input_items(request: Request) -> Response:
     )
 
 
+# Under /lmsp/v1, each with the scope each method needs.
 CONSOLE_API_ROUTES = [
-    Route("/lmsp/v1/console/sessions", create_session, methods=["POST"]),
-    Route("/lmsp/v1/console/codes", create_code, methods=["POST"]),
-    Route("/lmsp/v1/console/reveal", reveal, methods=["POST"]),
-    Route("/lmsp/v1/activity", activity, methods=["GET"]),
-    Route("/lmsp/v1/settings", settings, methods=["GET", "PATCH"]),
-    Route("/lmsp/v1/responses/{response_id}/input_items", input_items, methods=["GET"]),
+    Scoped("/console/sessions", create_session, POST=PUBLIC),  # needs a single-use console code instead
+    Scoped("/console/codes", create_code, POST="tokens:manage"),  # a console code leads to a token
+    Scoped("/console/reveal", reveal, POST="models:manage"),
+    Scoped("/activity", activity, GET="activity:read"),
+    Scoped("/settings", settings, GET="settings:manage", PATCH="settings:manage"),
+    Scoped("/responses/{response_id}/input_items", input_items, GET="responses:read"),
 ]
-CONSOLE_PAGE_ROUTES = [
-    Route("/console", console_redirect, methods=["GET"]),
-    Route("/console/{name:path}", console_file, methods=["GET"]),
-]
+# Under /console (`/console` itself redirects to `/console/`): the page's static files, which anyone on
+# the machine may fetch; its API calls carry its token.
+CONSOLE_PAGE_ROUTES = [Scoped("/{name:path}", console_file, GET=PUBLIC)]

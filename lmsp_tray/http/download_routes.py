@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from lmsp_tray.errors import ServiceUnavailable
+from lmsp_tray.http.api import Scoped
 from lmsp_tray.http.routes import JSON, caller_of, read_json
 from lmsp_tray.serving.downloads import DownloadTasks
 from lmsp_tray.serving.tasks import task_object
@@ -34,5 +34,5 @@ async def pull_model(request: Request) -> Response:
     return JSON(task_object(task), status_code=202, headers={"Location": f"{BASE}/tasks/{task.id}"})
 
 
-# Before `/models/{model_id:path}`: "pull" is this endpoint, not a model id.
-DOWNLOAD_ROUTES = [Route(f"{BASE}/models/pull", pull_model, methods=["POST"])]
+# Under /lmsp/v1, before `/models/{model_id:path}`: "pull" is this endpoint, not a model id.
+DOWNLOAD_ROUTES = [Scoped("/models/pull", pull_model, POST="models:manage")]

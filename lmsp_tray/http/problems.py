@@ -1,8 +1,11 @@
-"""The one place errors become RFC 9457 problem documents.
+"""The one place errors become RFC 9457 problem documents, the error shape of `/lmsp/v1`.
 
 Typed `LMSPError`s map to their code and status; Starlette's own 404/405
 become `not_found`/`method_not_allowed`; anything else is logged here and
 answered as a bare `internal_error` — a stack trace never reaches a client.
+The exception handlers answer in the error shape of the API a request is
+for (`api.Api.errors`); `LMSP-Version` is added by the version middleware,
+to these answers as to every other.
 """
 
 from __future__ import annotations
@@ -16,38 +19,47 @@ from starlette.responses import Response
 
 from lmsp_tray.errors import InternalError, LMSPError, MethodNotAllowed, NotFound
 from lmsp_tray.http import wire_json
+from lmsp_tray.http.api import ErrorShape, api_for
 
 log = logging.getLogger("lmsp_tray.http")
 
 PROBLEM_JSON = "application/problem+json"
 
 
-def problem_response(error: LMSPError) -> Response:
-    headers = {"LMSP-Version": "1.0", **error.headers}
-    body = wire_json.dumpb(error.to_problem())
-    return Response(body, status_code=error.status, media_type=PROBLEM_JSON, headers=headers)
+class ProblemDocuments:
+    """LMSP's error shape: `application/problem+json` with the error's code, status and headers."""
+
+    def encode(self, error: LMSPError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        body = wire_json.dumpb(error.to_problem())
+        headers = [
+            (b"content-type", PROBLEM_JSON.encode()),
+            (b"content-length", str(len(body)).encode()),
+        ] + [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in error.headers.items()]
+        return error.status, headers, body
+
+    def response(self, error: LMSPError) -> Response:
+        body = wire_json.dumpb(error.to_problem())
+        return Response(body, status_code=error.status, media_type=PROBLEM_JSON, headers=dict(error.headers))
 
 
-def problem_bytes(error: LMSPError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    """Status, raw headers and body of a problem (for pure ASGI middleware)."""
-    body = wire_json.dumpb(error.to_problem())
-    headers = [
-        (b"content-type", PROBLEM_JSON.encode()),
-        (b"content-length", str(len(body)).encode()),
-        (b"lmsp-version", b"1.0"),
-    ] + [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in error.headers.items()]
-    return error.status, headers, body
+PROBLEMS = ProblemDocuments()
 
 
-async def send_problem(send: Any, error: LMSPError) -> None:
-    status, headers, body = problem_bytes(error)
+async def send_error(send: Any, error: LMSPError, shape: ErrorShape = PROBLEMS) -> None:
+    """Answer with `error` from pure ASGI code (middleware), in the given error shape."""
+    status, headers, body = shape.encode(error)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
+def _shape(request: Request) -> ErrorShape:
+    apis = getattr(request.app.state, "apis", None)
+    return api_for(apis, request.url.path).errors if apis else PROBLEMS
+
+
 async def lmsp_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, LMSPError)
-    return problem_response(exc)
+    return _shape(request).response(exc)
 
 
 async def http_exception_handler(request: Request, exc: Exception) -> Response:
@@ -63,12 +75,12 @@ async def http_exception_handler(request: Request, exc: Exception) -> Response:
     else:
         error = LMSPError(str(exc.detail))
         error.status, error.code, error.title = exc.status_code, "http_error", "HTTP error"
-    return problem_response(error)
+    return _shape(request).response(error)
 
 
 async def unexpected_error_handler(request: Request, exc: Exception) -> Response:
     log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
-    return problem_response(InternalError("The service hit an unexpected error; it has been logged."))
+    return _shape(request).response(InternalError("The service hit an unexpected error; it has been logged."))
 
 
 EXCEPTION_HANDLERS = {

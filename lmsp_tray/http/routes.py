@@ -1,26 +1,35 @@
-"""The LMSP endpoints: thin handlers that parse, call the service, and shape the answer."""
+"""The LMSP endpoints: thin handlers that parse, call the service, and shape the answer.
+
+Each route is `api.Scoped`: it names the scope each of its methods needs. A body over
+`INLINE_BODY_BYTES` is decoded and validated on a worker thread (`read_response_create`), so a
+request of megabytes never holds up the other streams on the event loop.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from lmsp_tray.errors import InvalidJSON, InvalidRequest, PayloadTooLarge
 from lmsp_tray.http import wire_json
+from lmsp_tray.http.api import PUBLIC, Scoped
 from lmsp_tray.http.security import token_of
 from lmsp_tray.http.sse import EventStream, wait_disconnect
-from lmsp_tray.protocol.requests import parse_response_create
+from lmsp_tray.protocol.requests import ResponseRequest, parse_response_create
 from lmsp_tray.serving.replay import ANONYMOUS, Caller, iterate
 from lmsp_tray.serving.responder import Replayed, Responder
 from lmsp_tray.serving.service import Service
 
 MAX_JSON_DEPTH = 64
+INLINE_BODY_BYTES = 64 * 1024  # a larger body is decoded and validated on a worker thread
+
+T = TypeVar("T")
 
 
 class JSON(JSONResponse):
@@ -53,8 +62,8 @@ def idempotency_key(request: Request) -> str | None:
 REPLAYED = {"Idempotent-Replayed": "true"}
 
 
-async def read_json(request: Request) -> Any:
-    """The request body as JSON, refusing oversized bodies while reading and deep nesting."""
+async def read_body(request: Request) -> bytes:
+    """The request body, refusing an oversized one while reading (before it has all arrived)."""
     limit = _service(request).config.max_request_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -66,44 +75,58 @@ async def read_json(request: Request) -> Any:
         if size > limit:
             raise PayloadTooLarge(f"The request body is over the limit of {limit} bytes.")
         chunks.append(chunk)
-    raw = b"".join(chunks)
+    return b"".join(chunks)
+
+
+async def off_loop(fn: Callable[[bytes], T], raw: bytes) -> T:
+    """``fn(raw)``: on the event loop for a small body, on a worker thread for a large one."""
+    return fn(raw) if len(raw) <= INLINE_BODY_BYTES else await asyncio.to_thread(fn, raw)
+
+
+async def read_json(request: Request) -> Any:
+    """The request body as JSON (`decode_json`), decoded off the event loop when it is large."""
+    return await off_loop(decode_json, await read_body(request))
+
+
+async def read_response_create(request: Request) -> ResponseRequest:
+    """The body of `POST /responses` or `/tasks`, decoded and validated off the event loop when it is large."""
+    return await off_loop(lambda raw: parse_response_create(decode_json(raw)), await read_body(request))
+
+
+def decode_json(raw: bytes) -> Any:
+    """A body as JSON: UTF-8, well-formed, nested at most `MAX_JSON_DEPTH` levels."""
     if not raw.strip():
         raise InvalidJSON("The request body is empty; send a JSON object.")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise InvalidJSON("The request body is not valid UTF-8.") from None
-    if _nesting(text) > MAX_JSON_DEPTH:
-        raise InvalidRequest(f"The JSON body is nested deeper than {MAX_JSON_DEPTH} levels.")
     try:
-        return json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        detail = exc.msg if isinstance(exc, json.JSONDecodeError) else "too deeply nested"
-        where = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
-        raise InvalidJSON(f"The request body is not valid JSON: {detail}{where}.") from None
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        detail = f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+        raise InvalidJSON(f"The request body is not valid JSON: {detail}.") from None
+    except RecursionError:  # nested far deeper than the limit: the parser gave up
+        value = None
+        depth = MAX_JSON_DEPTH + 1
+    else:
+        depth = nesting(value) if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH else 0
+    if depth > MAX_JSON_DEPTH:
+        raise InvalidRequest(f"The JSON body is nested deeper than {MAX_JSON_DEPTH} levels.")
+    return value
 
 
-def _nesting(text: str) -> int:
-    """Maximum bracket depth outside strings (cheap guard before json.loads recursion)."""
-    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
-        return 0
-    depth = best = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            best = max(best, depth)
-        elif ch in "]}":
-            depth -= 1
+def nesting(value: Any) -> int:
+    """How deep lists and objects nest in a decoded JSON value (a scalar: 0), without recursion."""
+    best = 0
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        best = max(best, depth)
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
     return best
 
 
@@ -134,15 +157,14 @@ async def unload_model(request: Request) -> Response:
 
 async def create_response(request: Request) -> Response | EventStream:
     responder: Responder = request.app.state.responder
-    body = await read_json(request)
-    parsed = parse_response_create(body)
+    parsed = await read_response_create(request)
     run = await responder.start(parsed, caller=caller_of(request), key=idempotency_key(request))
     if isinstance(run, Replayed):
         if run.events is not None:
-            return EventStream(iterate(run.events), headers={"LMSP-Version": "1.0", **REPLAYED})
+            return EventStream(iterate(run.events), headers=REPLAYED)
         return JSON(run.body, status_code=run.status, headers=REPLAYED)
     if parsed.stream:
-        return EventStream(run.events(), on_disconnect=run.cancel, headers={"LMSP-Version": "1.0"})
+        return EventStream(run.events(), on_disconnect=run.cancel)
     result = asyncio.ensure_future(run.result())
     gone = asyncio.ensure_future(wait_disconnect(request.receive))
     try:
@@ -156,12 +178,12 @@ async def create_response(request: Request) -> Response | EventStream:
             await gone
 
 
+# Under /lmsp/v1, each with the scope each method needs.
 ROUTES = [
-    Route("/lmsp/v1", service_document, methods=["GET"]),
-    Route("/lmsp/v1/", service_document, methods=["GET"]),
-    Route("/lmsp/v1/models", list_models, methods=["GET"]),
-    Route("/lmsp/v1/models/{model_id:path}/load", load_model, methods=["POST"]),
-    Route("/lmsp/v1/models/{model_id:path}/unload", unload_model, methods=["POST"]),
-    Route("/lmsp/v1/models/{model_id:path}", get_model, methods=["GET"]),
-    Route("/lmsp/v1/responses", create_response, methods=["POST"]),
+    Scoped("/", service_document, GET=PUBLIC),
+    Scoped("/models", list_models, GET="models:read"),
+    Scoped("/models/{model_id:path}/load", load_model, POST="models:manage"),
+    Scoped("/models/{model_id:path}/unload", unload_model, POST="models:manage"),
+    Scoped("/models/{model_id:path}", get_model, GET="models:read"),
+    Scoped("/responses", create_response, POST="responses:create"),
 ]

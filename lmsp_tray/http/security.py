@@ -15,15 +15,17 @@ request passes, in this order:
    Without configured origins no CORS header is ever sent; with them, the
    exact origin is echoed (never ``*``), and preflight ``OPTIONS`` requests
    are answered here.
-3. **Bearer token and scope** — `ROUTE_SCOPES` is the one table saying
-   which scope each endpoint needs (`PUBLIC` for the few that need none).
-   No, a malformed or an unknown/revoked token → ``401 unauthorized`` with
-   ``WWW-Authenticate: Bearer realm="lmsp"``; a token without the scope →
-   ``403 insufficient_scope`` with ``WWW-Authenticate: Bearer
-   error="insufficient_scope", scope="…"``. Paths the table does not know
-   still need a valid token (then the router answers 404/405).
+3. **Bearer token and scope** — each route declares the scope each of its
+   methods needs (`api.Scoped`; `PUBLIC` for the few that need none), and
+   the API the path belongs to says which one this request needs
+   (`Api.required_scope`). No, a malformed or an unknown/revoked token →
+   ``401 unauthorized`` with ``WWW-Authenticate: Bearer realm="lmsp"``; a
+   token without the scope → ``403 insufficient_scope`` with
+   ``WWW-Authenticate: Bearer error="insufficient_scope", scope="…"``. Paths
+   no route serves still need a valid token (then the router answers
+   404/405). Every refusal is written in that API's error shape.
 4. **Declared body size** — a ``Content-Length`` over the limit → ``413``
-   before anything is read (`routes.read_json` also counts while reading,
+   before anything is read (`routes.read_body` also counts while reading,
    for chunked bodies).
 
 0. **Header size** — over `MAX_HEADER_BYTES` in total or `MAX_HEADERS`
@@ -34,7 +36,7 @@ request passes, in this order:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,46 +50,12 @@ from lmsp_tray.errors import (
     PayloadTooLarge,
     Unauthorized,
 )
-from lmsp_tray.http.problems import send_problem
+from lmsp_tray.http.api import PUBLIC, Api, api_for
+from lmsp_tray.http.problems import send_error
 
 MAX_HEADER_BYTES = 32 * 1024
 MAX_HEADERS = 100
-PUBLIC = ""  # the scope value of endpoints anyone on the machine may call
 STATE_TOKEN = "lmsp_token"  # request.state key holding the caller's TokenRecord
-
-# (method, path regex, scope). First match wins; HEAD is checked as GET.
-ROUTE_SCOPES: tuple[tuple[str, str, str], ...] = (
-    ("GET", r"/lmsp/v1/?", PUBLIC),
-    ("GET", r"/lmsp/v1/openapi\.json", PUBLIC),
-    ("POST", r"/lmsp/v1/auth/pairings", PUBLIC),  # rate-limited; asks the user
-    ("GET", r"/lmsp/v1/auth/pairings", "tokens:manage"),
-    ("GET", r"/lmsp/v1/auth/pairings/[^/]+", PUBLIC),  # needs the pairing's poll token instead
-    ("POST", r"/lmsp/v1/auth/pairings/[^/]+/(approve|deny)", "tokens:manage"),
-    ("GET", r"/lmsp/v1/auth/tokens", "tokens:manage"),
-    ("POST", r"/lmsp/v1/auth/tokens", "tokens:manage"),
-    ("POST", r"/lmsp/v1/auth/tokens/[^/]+/revoke", "tokens:manage"),
-    ("GET", r"/lmsp/v1/models", "models:read"),
-    ("POST", r"/lmsp/v1/models/pull", "models:manage"),  # downloads a model (a task)
-    ("POST", r"/lmsp/v1/models/.+/(load|unload)", "models:manage"),
-    ("GET", r"/lmsp/v1/models/.+", "models:read"),
-    ("POST", r"/lmsp/v1/responses", "responses:create"),
-    ("GET", r"/lmsp/v1/responses/[^/]+", "responses:read"),
-    ("DELETE", r"/lmsp/v1/responses/[^/]+", "responses:create"),  # removing is writing
-    ("POST", r"/lmsp/v1/tasks", "tasks:create"),
-    ("GET", r"/lmsp/v1/tasks", "tasks:read"),
-    ("GET", r"/lmsp/v1/tasks/[^/]+", "tasks:read"),
-    ("GET", r"/lmsp/v1/tasks/[^/]+/events", "tasks:read"),
-    ("POST", r"/lmsp/v1/tasks/[^/]+/cancel", "tasks:create"),
-    ("GET", r"/lmsp/v1/responses/[^/]+/input_items", "responses:read"),
-    ("POST", r"/lmsp/v1/console/sessions", PUBLIC),  # needs a single-use console code instead
-    ("POST", r"/lmsp/v1/console/codes", "tokens:manage"),  # a console code leads to a token
-    ("POST", r"/lmsp/v1/console/reveal", "models:manage"),
-    ("GET", r"/lmsp/v1/activity", "activity:read"),
-    ("GET", r"/lmsp/v1/settings", "settings:manage"),
-    ("PATCH", r"/lmsp/v1/settings", "settings:manage"),
-    ("GET", r"/console(/.*)?", PUBLIC),  # the console page's static files; its API calls carry its token
-)
-_COMPILED = tuple((m, re.compile(p), s) for m, p, s in ROUTE_SCOPES)
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
 REALM = 'Bearer realm="lmsp"'
@@ -96,15 +64,6 @@ CORS_HEADERS = "Authorization, Content-Type, LMSP-Version, Idempotency-Key, Last
 CORS_EXPOSE = "LMSP-Version, WWW-Authenticate, Retry-After, Location, Idempotent-Replayed"
 CORS_MAX_AGE = "600"
 _PORT = re.compile(r"[0-9]{1,5}")
-
-
-def required_scope(method: str, path: str) -> str | None:
-    """The scope an endpoint needs: `PUBLIC`, a scope name, or None for paths not in the table."""
-    method = "GET" if method == "HEAD" else method
-    for m, pattern, scope in _COMPILED:
-        if m == method and pattern.fullmatch(path):
-            return scope
-    return None
 
 
 def host_allowed(value: str | None) -> bool:
@@ -160,20 +119,25 @@ def bearer(headers: list[tuple[bytes, bytes]]) -> str | None:
 class SecurityMiddleware:
     """Host, Origin/CORS, bearer token and scope, and the declared body size — before any route runs."""
 
-    def __init__(self, app: Any, *, tokens: TokenManager, policy: SecurityPolicy) -> None:
+    def __init__(self, app: Any, *, tokens: TokenManager, policy: SecurityPolicy, apis: Sequence[Api]) -> None:
         self.app = app
         self.tokens = tokens
         self.policy = policy
+        self.apis = list(apis)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers: list[tuple[bytes, bytes]] = scope["headers"]
+        api = api_for(self.apis, scope["path"])
+
+        async def refuse(error: LMSPError, send: Any = send) -> None:
+            await send_error(send, error, api.errors)
+
         size = sum(len(k) + len(v) + 4 for k, v in headers)
         if size > MAX_HEADER_BYTES or len(headers) > MAX_HEADERS:
-            await send_problem(
-                send,
+            await refuse(
                 InvalidRequest(
                     f"The request headers are too large ({size} bytes in {len(headers)} headers); the limits are "
                     f"{MAX_HEADER_BYTES} bytes and {MAX_HEADERS} headers."
@@ -182,8 +146,8 @@ class SecurityMiddleware:
             return
         hosts = [v for k, v in headers if k == b"host"]
         if len(hosts) != 1 or not host_allowed(hosts[0].decode("latin-1").strip()):
-            await send_problem(
-                send, ForbiddenHost("This service answers only requests addressed to 127.0.0.1, localhost or [::1].")
+            await refuse(
+                ForbiddenHost("This service answers only requests addressed to 127.0.0.1, localhost or [::1].")
             )
             return
 
@@ -193,8 +157,7 @@ class SecurityMiddleware:
         cors: list[tuple[bytes, bytes]] = []
         if origins and not (len(origins) == 1 and origin is not None and origin.rstrip("/").lower() == own_origin):
             if len(origins) != 1 or origin is None or origin.rstrip("/").lower() not in self.policy.allowed_origins:
-                await send_problem(
-                    send,
+                await refuse(
                     ForbiddenOrigin(
                         "Requests from this web origin are not allowed. Add it to `allowed_origins` in config.toml "
                         "to let a web page use the API."
@@ -212,17 +175,16 @@ class SecurityMiddleware:
 
         send_out = _with_headers(send, cors) if cors else send
         try:
-            token = self._authorize(scope["method"], scope["path"], headers)
+            token = self._authorize(api.required_scope(scope["method"], scope["path"]), headers)
             self._check_declared_size(headers)
         except LMSPError as exc:
-            await send_problem(send_out, exc)
+            await refuse(exc, send_out)
             return
         if token is not None:
             scope.setdefault("state", {})[STATE_TOKEN] = token
         await self.app(scope, receive, send_out)
 
-    def _authorize(self, method: str, path: str, headers: list[tuple[bytes, bytes]]) -> TokenRecord | None:
-        needed = required_scope(method, path)
+    def _authorize(self, needed: str | None, headers: list[tuple[bytes, bytes]]) -> TokenRecord | None:
         if needed == PUBLIC:
             return None
         presented = bearer(headers)
@@ -254,7 +216,6 @@ class SecurityMiddleware:
             (b"access-control-allow-headers", CORS_HEADERS.encode()),
             (b"access-control-max-age", CORS_MAX_AGE.encode()),
             (b"content-length", b"0"),
-            (b"lmsp-version", b"1.0"),
         ]
         await send({"type": "http.response.start", "status": 204, "headers": headers})
         await send({"type": "http.response.body", "body": b""})

@@ -19,7 +19,7 @@ from typing import Any
 
 from lmsp_tray.errors import InternalError
 from lmsp_tray.http import wire_json
-from lmsp_tray.protocol.events import Event
+from lmsp_tray.protocol.events import Event, error_event
 
 log = logging.getLogger("lmsp_tray.http")
 
@@ -30,10 +30,6 @@ KEEPALIVE = b": keep-alive\n\n"
 def encode_event(event: Event) -> bytes:
     data = wire_json.dumps(event.data)
     return f"id: {event.id}\nevent: {event.name}\ndata: {data}\n\n".encode()
-
-
-def error_event(event_id: int, problem: dict[str, Any]) -> Event:
-    return Event(event_id, "error", {"type": "error", "sequence_number": event_id, "error": problem})
 
 
 class EventStream:

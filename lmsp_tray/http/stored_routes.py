@@ -12,12 +12,11 @@ import re
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from lmsp_tray.errors import InvalidRequest, ServiceUnavailable
-from lmsp_tray.http.routes import JSON, REPLAYED, caller_of, idempotency_key, read_json
+from lmsp_tray.http.api import Scoped
+from lmsp_tray.http.routes import JSON, REPLAYED, caller_of, idempotency_key, read_response_create
 from lmsp_tray.http.sse import EventStream
-from lmsp_tray.protocol.requests import parse_response_create
 from lmsp_tray.serving.conversations import Conversations
 from lmsp_tray.serving.tasks import TaskManager, task_object
 
@@ -51,8 +50,7 @@ async def tasks(request: Request) -> Response:
 
 
 async def create_task(request: Request) -> Response:
-    body = await read_json(request)
-    parsed = parse_response_create(body)
+    parsed = await read_response_create(request)
     task, replayed = await _tasks(request).create(parsed, caller=caller_of(request), key=idempotency_key(request))
     headers = {"Location": f"{BASE}/tasks/{task.id}", **(REPLAYED if replayed else {})}
     return JSON(task_object(task), status_code=202, headers=headers)
@@ -90,7 +88,7 @@ async def list_tasks(request: Request) -> Response:
 async def task_events(request: Request) -> EventStream:
     after = resume_point(request)
     events = await _tasks(request).open_events(request.path_params["task_id"], after, caller=caller_of(request))
-    return EventStream(events, headers={"LMSP-Version": "1.0"})
+    return EventStream(events)
 
 
 def resume_point(request: Request) -> int:
@@ -114,10 +112,13 @@ def _int(value: str, param: str) -> int:
     return int(text)
 
 
+# Under /lmsp/v1, each with the scope each method needs.
 STORED_ROUTES = [
-    Route(f"{BASE}/responses/{{response_id}}", stored_response, methods=["GET", "DELETE"]),
-    Route(f"{BASE}/tasks", tasks, methods=["GET", "POST"]),
-    Route(f"{BASE}/tasks/{{task_id}}", get_task, methods=["GET"]),
-    Route(f"{BASE}/tasks/{{task_id}}/events", task_events, methods=["GET"]),
-    Route(f"{BASE}/tasks/{{task_id}}/cancel", cancel_task, methods=["POST"]),
+    Scoped(
+        "/responses/{response_id}", stored_response, GET="responses:read", DELETE="responses:create"
+    ),  # removing is writing
+    Scoped("/tasks", tasks, GET="tasks:read", POST="tasks:create"),
+    Scoped("/tasks/{task_id}", get_task, GET="tasks:read"),
+    Scoped("/tasks/{task_id}/events", task_events, GET="tasks:read"),
+    Scoped("/tasks/{task_id}/cancel", cancel_task, POST="tasks:create"),
 ]

@@ -5,12 +5,18 @@ call pieces) into the ordered list of semantic events of one response and the
 final response object. The same events serve a direct SSE stream, a task's
 event log and a sync response (which just keeps the final object), so the
 three can never disagree. Event ids are integers from 1, strictly increasing.
+
+`ResponseAssembler.resume` rebuilds an assembler from the events a response
+already produced (a task's log cut short by a crash), so that ending it —
+closing the item that was open, the terminal event, the final object — goes
+through the very same code as a live response.
 """
 
 from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +50,11 @@ class Event:
         return self.name in TERMINAL_EVENTS
 
 
+def error_event(event_id: int, problem: dict[str, Any]) -> Event:
+    """The `error` event: a problem not tied to one response (its stream could not go on)."""
+    return Event(event_id, "error", {"type": "error", "sequence_number": event_id, "error": problem})
+
+
 def usage(input_tokens: int, output_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
     """Token counts; `input_tokens_details.cached_tokens` says how much of the prompt came from the KV cache."""
     out: dict[str, Any] = {
@@ -54,6 +65,11 @@ def usage(input_tokens: int, output_tokens: int, cached_tokens: int | None = Non
     if cached_tokens is not None:
         out["input_tokens_details"] = {"cached_tokens": cached_tokens}
     return out
+
+
+_DELTAS = frozenset(
+    {"response.output_text.delta", "response.reasoning_summary_text.delta", "response.function_call_arguments.delta"}
+)
 
 
 @dataclass
@@ -84,6 +100,45 @@ class ResponseAssembler:
         self.incomplete_details: dict[str, Any] | None = None
         self._next_id = first_event_id
         self._open: _OpenItem | None = None
+        self.started = False  # `response.created` is out
+
+    @classmethod
+    def resume(
+        cls, events: Iterable[Event], model: str, *, response_id: str | None = None, created_at: int | None = None
+    ) -> ResponseAssembler:
+        """An assembler that continues the response these events (ids from 1, none terminal) began.
+
+        ``model``, ``response_id`` and ``created_at`` are used when the events hold no
+        `response.created` (then call `start()` first). The output item that was
+        open when the events stop stays open, with the text its deltas carried.
+        """
+        asm = cls(model, response_id=response_id, created_at=created_at)
+        for event in events:
+            asm._replay(event)
+        return asm
+
+    def _replay(self, event: Event) -> None:
+        if event.terminal:
+            raise ValueError(f"{event.name} ended this response; there is nothing to resume")
+        data = event.data
+        self._next_id = event.id + 1
+        if event.name == "response.created":
+            response = data.get("response") or {}
+            self.response_id = str(response.get("id") or data.get("response_id") or self.response_id)
+            self.model = str(response.get("model") or self.model)
+            self.created_at = int(response.get("created_at") or self.created_at)
+            self.started = True
+        elif event.name == "response.output_item.added":
+            item = copy.deepcopy(data["item"])
+            self.output.append(item)
+            self._open = _OpenItem(len(self.output) - 1, item)
+        elif event.name == "response.output_item.done":
+            index = int(data["output_index"])
+            self.output[index] = copy.deepcopy(data["item"])
+            if self._open is not None and self._open.index == index:
+                self._open = None
+        elif event.name in _DELTAS and self._open is not None and self._open.index == data.get("output_index"):
+            self._open.text.append(str(data.get("delta", "")))
 
     # -- the response object ------------------------------------------------------------------
     def response(self) -> dict[str, Any]:
@@ -120,6 +175,7 @@ class ResponseAssembler:
         return Event(eid, name, payload)
 
     def start(self) -> list[Event]:
+        self.started = True
         return [self._event("response.created", status="in_progress", response=self.response())]
 
     def text(self, delta: str) -> list[Event]:

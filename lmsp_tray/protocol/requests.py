@@ -6,10 +6,16 @@ clients differ harmlessly: `input` as a plain string, a message item without
 `type`, `content` as a string, a `developer` role, `instructions`,
 `text.format` for the response format, and unknown top-level fields (ignored).
 Every rejection is an `InvalidRequest` naming the field at fault.
+
+A request's `size` (the characters of its text, call arguments, tool outputs
+and schemas) is what the work before its first token grows with — validation,
+rendering, tokenizing, grammar building. Callers do that work off the event
+loop for a `large` request, so a long history never holds up other streams.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -21,6 +27,7 @@ RESERVED_CONTENT = frozenset(
     {"input_image", "input_audio", "input_file", "image", "image_url", "audio", "file", "input_video"}
 )
 MAX_STOP_SEQUENCES = 8
+LARGE_REQUEST_CHARS = 16_000  # from this size on, a request is prepared off the event loop
 
 
 class _Edge(BaseModel):
@@ -261,6 +268,38 @@ class ResponseRequest:
     store: bool = False
     previous_response_id: str | None = None
     raw: dict[str, Any] = field(default_factory=dict)  # the body as received (for storage/idempotency)
+    input_items: list[dict[str, Any]] = field(default_factory=list)  # `input` as sent, as items (when `store`)
+    size: int = 0  # characters of text, arguments, outputs and schemas (see the module docstring)
+
+    @property
+    def large(self) -> bool:
+        """True when preparing this request (render, tokenize, grammar) belongs off the event loop."""
+        return self.size >= LARGE_REQUEST_CHARS
+
+
+def input_items(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """The request's `input` as a list of item objects (a string becomes one user message)."""
+    value = raw.get("input")
+    if isinstance(value, str):
+        return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": value}]}]
+    items: list[dict[str, Any]] = []
+    for item in value or []:
+        if isinstance(item, dict) and "type" not in item and "role" in item:
+            item = {**item, "type": "message"}
+        items.append(item)
+    return items
+
+
+def items_size(items: list[Item]) -> int:
+    """The characters of text, call arguments and tool outputs in `items`."""
+    return sum(
+        len(i.text) if isinstance(i, Message) else len(i.arguments) if isinstance(i, FunctionCall) else len(i.output)
+        for i in items
+    )
+
+
+def _schema_size(schema: Any) -> int:
+    return len(json.dumps(schema, separators=(",", ":"))) if schema else 0
 
 
 def parse_response_create(body: Any) -> ResponseRequest:
@@ -305,6 +344,13 @@ def parse_response_create(body: Any) -> ResponseRequest:
     elif edge.tool_choice is not None:
         tool_choice = edge.tool_choice
 
+    json_schema = fmt.json_schema.schema_ if fmt is not None and fmt.json_schema is not None else None
+    tools = [Tool(t.name, t.description, t.parameters) for t in edge.tools or []]
+    size = (
+        items_size(items)
+        + sum(len(t.description or "") + _schema_size(t.parameters) for t in tools)
+        + _schema_size(json_schema)
+    )
     return ResponseRequest(
         model=edge.model,
         items=items,
@@ -319,13 +365,15 @@ def parse_response_create(body: Any) -> ResponseRequest:
         repeat_penalty=opts.repeat_penalty,
         keep_alive=opts.keep_alive,
         reasoning=opts.reasoning,
-        json_schema=fmt.json_schema.schema_ if fmt is not None and fmt.json_schema is not None else None,
+        json_schema=json_schema,
         json_object=fmt is not None and fmt.type == "json_object",
-        tools=[Tool(t.name, t.description, t.parameters) for t in edge.tools or []],
+        tools=tools,
         tool_choice=tool_choice,
         store=edge.store,
         previous_response_id=edge.previous_response_id,
         raw=body,
+        input_items=input_items(body) if edge.store else [],
+        size=size,
     )
 
 

@@ -23,8 +23,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from lmsp_tray.errors import ContextLengthExceeded, LMSPError, ResponseNotFound
-from lmsp_tray.protocol.requests import ResponseRequest, parse_response_create
+from lmsp_tray.errors import ContextLengthExceeded, InputTooLong, LMSPError, ResponseNotFound
+from lmsp_tray.protocol.requests import Item, ResponseRequest, items_size, parse_response_create
+from lmsp_tray.serving import storage
 from lmsp_tray.store import Database, stored_responses
 from lmsp_tray.store.stored_responses import StoredResponse
 
@@ -57,7 +58,7 @@ class PreparedRequest:
 
     def explain(self, error: LMSPError) -> LMSPError:
         """A context overflow caused by the stored chain names `previous_response_id` and says what to do."""
-        if isinstance(error, ContextLengthExceeded) and self.chain_turns and error.param == "input":
+        if isinstance(error, InputTooLong) and self.chain_turns:
             prev = self.request.previous_response_id
             return ContextLengthExceeded(
                 f"{error.detail.rstrip('.')}; the input includes the {self.chain_turns} stored turn(s) of the "
@@ -67,17 +68,17 @@ class PreparedRequest:
         return error
 
 
-def input_items(raw: dict[str, Any]) -> list[dict[str, Any]]:
-    """The request's `input` as a list of item objects (a string becomes one user message)."""
-    value = raw.get("input")
-    if isinstance(value, str):
-        return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": value}]}]
-    items: list[dict[str, Any]] = []
-    for item in value or []:
-        if isinstance(item, dict) and "type" not in item and "role" in item:
-            item = {**item, "type": "message"}
-        items.append(item)
-    return items
+def _history(conn: Any, previous: str, owner: str | None, model: str) -> tuple[list[Item], int, int]:
+    """A read function: the stored chain ending with ``previous`` as request items, its size and turns.
+
+    Parsed here, on the store's reader thread, so a long conversation is never
+    validated on the event loop."""
+    turns = stored_responses.chain(conn, previous, owner=owner)
+    context = stored_responses.context_items(turns)
+    if not context:
+        return [], 0, len(turns)
+    history = parse_response_create({"model": model, "input": context}).items
+    return history, items_size(history), len(turns)
 
 
 class Conversations:
@@ -88,28 +89,18 @@ class Conversations:
 
     async def prepare(self, request: ResponseRequest, *, owner: str | None = None) -> PreparedRequest:
         """Expand the stored chain into the request's items (404 `response_not_found` if a link is missing)."""
-        own = input_items(request.raw)
+        own = request.input_items
         previous = request.previous_response_id
         if previous is None:
             return PreparedRequest(request, own, owner)
-        try:
-            turns = await self.db.aread(stored_responses.chain, previous, owner=owner)
-        except ResponseNotFound as exc:
-            if exc.detail.startswith("no stored response"):
-                raise ResponseNotFound(
-                    f"No stored response '{previous}' to continue from: previous_response_id must name a response "
-                    f'created with "store": true that has not been deleted.',
-                    param="previous_response_id",
-                ) from None
-            raise
-        context = stored_responses.context_items(turns)
-        history = parse_response_create({"model": request.model, "input": context}).items if context else []
+        history, size, turns = await storage.read(self.db, _history, previous, owner, request.model)
         lead = 1 if request.raw.get("instructions") else 0  # the instructions message parse put first
-        items = request.items[:lead] + list(history) + request.items[lead:]
-        return PreparedRequest(dataclasses.replace(request, items=items), own, owner, len(turns))
+        items = request.items[:lead] + history + request.items[lead:]
+        expanded = dataclasses.replace(request, items=items, size=request.size + size)
+        return PreparedRequest(expanded, own, owner, turns)
 
     async def get(self, response_id: str, *, owner: str | None = None) -> dict[str, Any]:
-        found = await self.db.aread(stored_responses.get, response_id, owner=owner)
+        found = await storage.read(self.db, stored_responses.get, response_id, owner=owner)
         if found is None:
             raise ResponseNotFound(
                 f"No stored response '{response_id}'. Only responses created with \"store\": true are kept."
@@ -118,7 +109,7 @@ class Conversations:
 
     async def input_items(self, response_id: str, *, owner: str | None = None) -> list[dict[str, Any]]:
         """The stored turn's own input items, as the client sent them (a string became one message)."""
-        found = await self.db.aread(stored_responses.get, response_id, owner=owner)
+        found = await storage.read(self.db, stored_responses.get, response_id, owner=owner)
         if found is None:
             raise ResponseNotFound(
                 f"No stored response '{response_id}'. Only responses created with \"store\": true are kept."
@@ -126,6 +117,6 @@ class Conversations:
         return list(found.input_items)
 
     async def delete(self, response_id: str, *, owner: str | None = None) -> dict[str, Any]:
-        if not await self.db.awrite(stored_responses.delete, response_id, owner=owner):
+        if not await storage.write(self.db, stored_responses.delete, response_id, owner=owner):
             raise ResponseNotFound(f"No stored response '{response_id}'.")
         return {"id": response_id, "object": "response.deleted", "deleted": True}

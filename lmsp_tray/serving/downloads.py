@@ -47,6 +47,7 @@ from lmsp_tray.hub.transfer import CancelToken
 from lmsp_tray.ids import new_id
 from lmsp_tray.protocol import downloads as ev
 from lmsp_tray.protocol.events import Event
+from lmsp_tray.serving import storage
 from lmsp_tray.serving.replay import ANONYMOUS, Caller
 from lmsp_tray.serving.tasks import TaskFeed
 from lmsp_tray.store import Database, event_log
@@ -162,7 +163,7 @@ class DownloadTasks:
         task_id = new_id("task")
         request = {"model": model, "include_mmproj": projector, "plan": plan.to_json()}
         first = ev.download_event(1, ev.CREATED, task_id, status="queued", download=download_object(plan))
-        task = await self.db.awrite(_create, task_id, request, caller.owner, first, download_object(plan))
+        task = await storage.write(self.db, _create, task_id, request, caller.owner, first, download_object(plan))
         feed = TaskFeed(task_id)
         feed.publish([first])
         self._start(task, plan, feed)
@@ -180,14 +181,14 @@ class DownloadTasks:
         elif not task.terminal:  # queued by an earlier run and not started here (never expected)
             plan = PullPlan.from_json(task.request["plan"])
             await self._finish_unstarted(task, plan, "cancelled")
-        current = await self.db.aread(task_store.get, task.id)
+        current = await storage.read(self.db, task_store.get, task.id)
         return current or task
 
     async def open_events(self, task: TaskRecord, after: int) -> AsyncIterator[Event]:
         run = self._runs.get(task.id)
         if run is not None:
             return run.feed.follow(after)
-        stored = await self.db.aread(event_log.read_events, task.id, after)  # 410 when expired
+        stored = await storage.read(self.db, event_log.read_events, task.id, after)  # 410 when expired
         return _iterate(Event(s.seq, s.event, s.payload()) for s in stored)
 
     # -- start-up and shutdown ------------------------------------------------------------------------

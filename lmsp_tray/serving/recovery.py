@@ -5,65 +5,37 @@ mid-stream. On the next start, before serving, `recover` ends every such
 task `failed` with code `service_restarted` and a `response.failed` event
 appended right after its last logged event — one write per task, so a
 second crash cannot leave two terminal events — and returns the queued
-tasks for the task manager to run. The response object in that terminal
-event is rebuilt from the logged events, so a reader sees the output that
-was produced before the crash. A task whose log is empty gets
-`response.created` first, so its stream is well-formed from id 1.
+tasks for the task manager to run. The response is resumed from the logged
+events (`ResponseAssembler.resume`) and ended by the same assembler a live
+response uses: the item that was open is closed `incomplete` with the output
+produced before the crash, then the terminal event with the whole response.
+A task whose log is empty gets `response.created` first, so its stream is
+well-formed from id 1.
 """
 
 from __future__ import annotations
 
-import copy
-import json
 import logging
 import sqlite3
 from typing import Any
 
 from lmsp_tray.errors import ServiceRestarted
-from lmsp_tray.protocol.events import Event
+from lmsp_tray.protocol.events import Event, ResponseAssembler
 from lmsp_tray.store import Database, event_log
 from lmsp_tray.store import task_rows as task_store
 from lmsp_tray.store.task_rows import TaskRecord
 
 log = logging.getLogger("lmsp_tray.serving.recovery")
 
-TERMINAL_NAMES = {"failed": "response.failed", "cancelled": "response.cancelled"}
 
-
-def rebuild_response(task: TaskRecord, logged: list[event_log.StoredEvent]) -> dict[str, Any]:
-    """The task's response object as far as its logged events go (status still `in_progress`)."""
-    response: dict[str, Any] | None = None
-    output: dict[int, dict[str, Any]] = {}
-    texts: dict[int, list[str]] = {}
-    for stored in logged:
-        data = stored.payload()
-        if stored.event == "response.created" and isinstance(data.get("response"), dict):
-            response = copy.deepcopy(data["response"])
-        elif stored.event in ("response.output_item.added", "response.output_item.done"):
-            output[int(data["output_index"])] = data["item"]
-            if stored.event.endswith(".done"):
-                texts.pop(int(data["output_index"]), None)
-        elif stored.event == "response.output_text.delta":
-            texts.setdefault(int(data["output_index"]), []).append(str(data.get("delta", "")))
-    for index, parts in texts.items():  # an item still open when the log stopped
-        item = output.get(index)
-        if item is not None and item.get("type") == "message":
-            item["content"] = [{"type": "output_text", "text": "".join(parts), "annotations": []}]
-            item["status"] = "incomplete"
-    if response is None:
-        response = {
-            "id": task.response_id,
-            "object": "response",
-            "created_at": int(task.created_at),
-            "status": "in_progress",
-            "model": task.request.get("model"),
-            "output": [],
-            "usage": None,
-            "error": None,
-            "incomplete_details": None,
-        }
-    response["output"] = [output[i] for i in sorted(output)]
-    return response
+def resumed(task: TaskRecord, logged: list[event_log.StoredEvent]) -> ResponseAssembler:
+    """The task's response as far as its logged events go, ready to be ended like a live one."""
+    return ResponseAssembler.resume(
+        (Event(e.seq, e.event, e.payload()) for e in logged),
+        str(task.request.get("model", "")),
+        response_id=task.response_id,
+        created_at=int(task.created_at),
+    )
 
 
 def end_task(
@@ -76,48 +48,27 @@ def end_task(
 ) -> list[Event] | None:
     """End a not-yet-terminal task `failed` (with ``error``) or `cancelled`, after its last logged event.
 
-    A write function. Returns the events appended, or None when the task
-    had already ended (nothing written).
+    A write function. The item that was open when the log stopped is closed
+    `incomplete` with the output it had. Returns the events appended, or None
+    when the task had already ended (nothing written).
     """
+    if status not in ("failed", "cancelled"):
+        raise ValueError(f"a task is ended 'failed' or 'cancelled', not {status!r}")
     task = task_store.get(conn, task_id)
     if task is None or task.terminal:
         return None
     logged = event_log.read_events(conn, task_id) if event_log.last_event_seq(conn, task_id) else []
-    response = rebuild_response(task, logged)
-    rid = response.get("id") or task.response_id
-    events: list[Event] = []
-    seq = logged[-1].seq if logged else 0
-    if not logged:
-        seq += 1
-        events.append(
-            Event(
-                seq,
-                "response.created",
-                {
-                    "type": "response.created",
-                    "sequence_number": seq,
-                    "response_id": rid,
-                    "status": "in_progress",
-                    "response": copy.deepcopy(response),
-                },
-            )
-        )
-    response["status"] = status
-    response["error"] = error if status == "failed" else None
-    name = TERMINAL_NAMES[status]
-    seq += 1
-    data: dict[str, Any] = {"type": name, "sequence_number": seq, "response_id": rid, "status": status}
-    if status == "failed":
-        data["error"] = error
-    data["response"] = response
-    events.append(Event(seq, name, data))
+    asm = resumed(task, logged)
+    events = [] if asm.started else asm.start()
+    events += asm.close_item("incomplete")
+    events += asm.fail(error or {}) if status == "failed" else asm.cancel()
     task_store.finish(
         conn,
         task_id,
         status,
-        response=response,
+        response=asm.response(),
         error=error if status == "failed" else None,
-        events=[(e.id, e.name, json.dumps(e.data, separators=(",", ":"), ensure_ascii=False)) for e in events],
+        events=[(e.id, e.name, e.data) for e in events],
         now=now,
     )
     return events

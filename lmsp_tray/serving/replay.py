@@ -25,6 +25,7 @@ left) or ends `failed` releases its key, so a retry runs anew.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import string
 from collections.abc import AsyncIterator
@@ -34,8 +35,10 @@ from typing import Any
 
 from lmsp_tray.errors import EventHistoryExpired, InvalidRequest
 from lmsp_tray.protocol.events import Event
+from lmsp_tray.serving import storage
 from lmsp_tray.store import Database, event_log
 from lmsp_tray.store import idempotency_keys as idempotency
+from lmsp_tray.store.errors import EventsExpired, StoreError
 from lmsp_tray.store.idempotency_keys import IDEMPOTENCY_TTL_S
 
 log = logging.getLogger("lmsp_tray.serving.replay")
@@ -88,10 +91,17 @@ class Idempotency:
         self.db = db
         self.ttl_s = ttl_s
 
-    async def claim(self, caller: Caller, key: str, endpoint: str, body: Any) -> Claim | Replay:
-        """Claim ``key`` for this request, or get the original's result (raises 422 / 409)."""
-        digest = idempotency.request_hash({"endpoint": endpoint, "body": body})
-        record = await self.db.awrite(idempotency.begin, caller.scope, check_key(key), digest, ttl_s=self.ttl_s)
+    async def claim(self, caller: Caller, key: str, endpoint: str, body: Any, *, large: bool = False) -> Claim | Replay:
+        """Claim ``key`` for this request, or get the original's result (raises 422 / 409).
+
+        A `large` body is hashed off the event loop."""
+        check_key(key)
+        canonical = {"endpoint": endpoint, "body": body}
+        if large:
+            digest = await asyncio.to_thread(idempotency.request_hash, canonical)
+        else:
+            digest = idempotency.request_hash(canonical)
+        record = await storage.write(self.db, idempotency.begin, caller.scope, key, digest, ttl_s=self.ttl_s)
         if record.is_new:
             return Claim(caller.scope, key)
         assert record.result is not None
@@ -103,12 +113,23 @@ class Idempotency:
 
     async def replay_events(self, owner_id: str) -> list[Event]:
         """The events of a streamed original, as they were sent."""
-        stored = await self.db.aread(event_log.read_events, owner_id)
-        if not stored or stored[-1].event not in event_log.TERMINAL_EVENTS:
-            raise EventHistoryExpired(
-                "The events of the original streamed response are no longer kept; send the request with a new key."
-            )
-        return [Event(e.seq, e.event, e.payload()) for e in stored]
+        expired = EventHistoryExpired(
+            "The events of the original streamed response are no longer kept; send the request with a new key."
+        )
+        try:
+            events = await self.db.aread(logged_events, owner_id)
+        except EventsExpired:
+            raise expired from None
+        except StoreError as exc:
+            raise storage.lmsp_error(exc) from exc
+        if not events or not events[-1].terminal:
+            raise expired
+        return events
+
+
+def logged_events(conn: Any, owner_id: str) -> list[Event]:
+    """A read function: an owner's logged events, decoded on the reader thread (a long stream is thousands)."""
+    return [Event(e.seq, e.event, e.payload()) for e in event_log.read_events(conn, owner_id)]
 
 
 async def iterate(events: list[Event]) -> AsyncIterator[Event]:

@@ -27,11 +27,12 @@ from typing import Any
 from lmsp_tray.errors import IdempotencyKeyReused, LMSPError
 from lmsp_tray.protocol.events import Event
 from lmsp_tray.protocol.requests import ResponseRequest
-from lmsp_tray.serving.conversations import Conversations, PreparedRequest, input_items
+from lmsp_tray.serving.conversations import Conversations, PreparedRequest
 from lmsp_tray.serving.replay import ANONYMOUS, Caller, Claim, Idempotency, Replay, background
-from lmsp_tray.serving.service import ResponseRun, Service
+from lmsp_tray.serving.running import Responses, Run
 from lmsp_tray.store import Database, event_log, stored_responses
 from lmsp_tray.store import idempotency_keys as idempotency
+from lmsp_tray.store.errors import EventSequenceError
 
 log = logging.getLogger("lmsp_tray.serving.responder")
 
@@ -43,7 +44,7 @@ class Started:
 
     def __init__(
         self,
-        run: ResponseRun,
+        run: Run,
         prepared: PreparedRequest,
         *,
         db: Database | None,
@@ -128,7 +129,7 @@ def _finish_response(
     if log_row is not None:
         try:
             event_log.append_events(conn, response_id, [log_row])
-        except event_log.EventSequenceError:  # an earlier queued append failed: nothing to replay
+        except EventSequenceError:  # an earlier queued append failed: nothing to replay
             result = None
     if stored is not None:
         stored_responses.save(conn, stored)
@@ -153,7 +154,7 @@ class Responder:
 
     def __init__(
         self,
-        service: Service,
+        service: Responses,
         *,
         db: Database | None = None,
         conversations: Conversations | None = None,
@@ -170,7 +171,7 @@ class Responder:
         """Everything that can fail before the first event; or the replay of an earlier result."""
         claim: Claim | None = None
         if key is not None and self.idempotency is not None:
-            outcome = await self.idempotency.claim(caller, key, "responses", request.raw)
+            outcome = await self.idempotency.claim(caller, key, "responses", request.raw, large=request.large)
             if isinstance(outcome, Replay):
                 return await self._replayed(outcome)
             claim = outcome
@@ -178,7 +179,7 @@ class Responder:
             if self.conversations is not None:
                 prepared = await self.conversations.prepare(request, owner=caller.owner)
             else:
-                prepared = PreparedRequest(request, input_items(request.raw), caller.owner)
+                prepared = PreparedRequest(request, request.input_items, caller.owner)
             try:
                 run = await self.service.start_response(prepared.request)
             except LMSPError as exc:

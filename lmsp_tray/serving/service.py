@@ -38,6 +38,7 @@ from lmsp_tray.engine.sampling import (
 )
 from lmsp_tray.errors import (
     ContextLengthExceeded,
+    InputTooLong,
     InvalidRequest,
     LMSPError,
     ModelLoadFailed,
@@ -50,7 +51,24 @@ from lmsp_tray.protocol.requests import ResponseRequest
 
 log = logging.getLogger("lmsp_tray.serving.service")
 
-INLINE_PROMPT_CHARS = 16_000
+PROBE_CHARS_PER_TOKEN = 8  # a prompt over `window * this` characters is probed before it is tokenized whole
+PROBE_SLACK_TOKENS = 64  # what cutting a text in two can add to its tokens, and far more
+
+
+def token_floor(tokenize: Callable[[str], list[int]], prompt: str, window: int) -> int | None:
+    """For a prompt far longer than a context window could hold, a token count it certainly reaches.
+
+    Tokenizing a 7 MiB prompt costs seconds of a core; its first ``window *
+    PROBE_CHARS_PER_TOKEN`` characters, cut between words, cost milliseconds.
+    When that prefix alone has more than ``window`` tokens (less a slack for
+    the cut), so has the whole prompt. None: no such proof; tokenize it all.
+    """
+    probe = (window + PROBE_SLACK_TOKENS) * PROBE_CHARS_PER_TOKEN
+    if len(prompt) < 2 * probe:
+        return None
+    cut = prompt.rfind(" ", probe // 2, probe)
+    floor = len(tokenize(prompt[: cut if cut > 0 else probe])) - PROBE_SLACK_TOKENS
+    return floor if floor >= window else None
 
 
 class Catalog(Protocol):
@@ -277,14 +295,14 @@ class Service:
         """Everything that can fail before the first event; `response_id` is fixed in advance for tasks."""
         entry = self.entry(request.model, param="model")
         self._check_capabilities(entry, request)
-        spec = prepare(request)  # tools, tool_choice, schemas, tool results: checked before loading
+        spec = await self._prepare(request)  # tools, tool_choice, schemas, tool results: checked before loading
         keep_alive = self._keep_alive(request)
         for attempt in range(2):
             # The common case, already loaded, takes no thread hop (it counts in time to first token).
             model = self.models.use_if_loaded(entry.id, keep_alive=keep_alive)
             if model is None:
                 model = await asyncio.to_thread(self.models.acquire, entry, keep_alive=keep_alive)
-            if sum(len(getattr(i, "text", "")) for i in request.items) < INLINE_PROMPT_CHARS:
+            if not request.large:
                 plan, prompt = self._prompt_tokens(model, request, spec)
             else:  # long inputs are rendered and tokenized off the event loop
                 plan, prompt = await asyncio.to_thread(self._prompt_tokens, model, request, spec)
@@ -300,11 +318,16 @@ class Service:
         self._runs.add(run)
         return run
 
-    def check_request(self, request: ResponseRequest) -> None:
+    async def check_request(self, request: ResponseRequest) -> None:
         """The checks `start_response` makes before loading anything (a task runs them when created)."""
         self._check_capabilities(self.entry(request.model, param="model"), request)
-        prepare(request)
+        await self._prepare(request)
         self._keep_alive(request)
+
+    @staticmethod
+    async def _prepare(request: ResponseRequest) -> OutputSpec:
+        """`chat.plan.prepare`: schemas compiled into grammar rules, off the event loop when they are large."""
+        return await asyncio.to_thread(prepare, request) if request.large else prepare(request)
 
     def _check_capabilities(self, entry: ModelEntry, request: ResponseRequest) -> None:
         caps = set(self.model_capabilities(entry))
@@ -332,12 +355,19 @@ class Service:
         if not request.items:
             raise InvalidRequest("'input' must contain at least one item.", param="input")
         plan = build_plan(model, request, spec)  # prompt for the model's family, grammar, parser
-        tokens = model.tokenize_prompt(plan.prompt)
         window = model.context_length
+        floor = token_floor(model.tokenize, plan.prompt, window)
+        if floor is not None:  # far too long: refused without tokenizing all of it
+            raise InputTooLong(
+                f"The input is at least {floor} tokens; '{model.id}' has a context window of {window} tokens "
+                f"and needs room for at least one output token. Shorten the input.",
+                param="input",
+            )
+        tokens = model.tokenize_prompt(plan.prompt)
         if not tokens:
             raise InvalidRequest("The input renders to an empty prompt.", param="input")
         if len(tokens) >= window:
-            raise ContextLengthExceeded(
+            raise InputTooLong(
                 f"The input is {len(tokens)} tokens; '{model.id}' has a context window of {window} tokens "
                 f"and needs room for at least one output token. Shorten the input.",
                 param="input",

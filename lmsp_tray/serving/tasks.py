@@ -49,10 +49,11 @@ from lmsp_tray.errors import (
 from lmsp_tray.ids import new_id
 from lmsp_tray.protocol.events import Event
 from lmsp_tray.protocol.requests import ResponseRequest, parse_response_create
+from lmsp_tray.serving import storage
 from lmsp_tray.serving.conversations import Conversations, PreparedRequest
 from lmsp_tray.serving.recovery import end_task
 from lmsp_tray.serving.replay import ANONYMOUS, Caller, Claim, Idempotency, Replay
-from lmsp_tray.serving.service import ResponseRun, Service
+from lmsp_tray.serving.running import Responses, Run
 from lmsp_tray.store import Database, event_log, stored_responses
 from lmsp_tray.store import idempotency_keys as keys
 from lmsp_tray.store import task_rows as task_store
@@ -101,7 +102,7 @@ class TaskFeed:
         self.task_id = task_id
         self.events: list[Event] = []  # events[i].id == i + 1
         self.closed = False
-        self.run: ResponseRun | None = None
+        self.run: Run | None = None
         self.cancel_requested = False
         self._waiters: list[asyncio.Future] = []
 
@@ -158,7 +159,7 @@ class TaskManager:
 
     def __init__(
         self,
-        service: Service,
+        service: Responses,
         db: Database,
         conversations: Conversations,
         idempotency: Idempotency,
@@ -216,14 +217,14 @@ class TaskManager:
     ) -> tuple[TaskRecord, bool]:
         """Queue a task; returns it and whether it is an idempotent replay."""
         prepared = await self.conversations.prepare(request, owner=caller.owner)  # the chain must exist
-        self.service.check_request(prepared.request)  # 400/404 now rather than a failed task later
+        await self.service.check_request(prepared.request)  # 400/404 now rather than a failed task later
         if self._stopping:
             raise ServiceUnavailable("The service is shutting down; create the task again once it is back.")
         claim: Claim | None = None
         if key is not None:
-            outcome = await self.idempotency.claim(caller, key, "tasks", request.raw)
+            outcome = await self.idempotency.claim(caller, key, "tasks", request.raw, large=request.large)
             if isinstance(outcome, Replay):
-                task = await self.db.aread(task_store.get, str(outcome.result.get("task_id")))
+                task = await storage.read(self.db, task_store.get, str(outcome.result.get("task_id")))
                 if task is None:
                     raise TaskNotFound("The task this Idempotency-Key created is no longer kept.")
                 return task, True
@@ -231,7 +232,7 @@ class TaskManager:
         task_id, response_id = new_id("task"), new_id("resp")
         self._feeds[task_id] = feed = TaskFeed(task_id)  # before the commit: a reader must find it
         try:
-            task = await self.db.awrite(_create, task_id, request.raw, response_id, caller.owner, claim)
+            task = await storage.write(self.db, _create, task_id, request.raw, response_id, caller.owner, claim)
         except BaseException:
             self._feeds.pop(task_id, None)
             feed.close()
@@ -243,7 +244,7 @@ class TaskManager:
         return task, False
 
     async def get(self, task_id: str, *, caller: Caller = ANONYMOUS) -> TaskRecord:
-        task = await self.db.aread(task_store.get, task_id, owner=caller.owner)
+        task = await storage.read(self.db, task_store.get, task_id, owner=caller.owner)
         if task is None:
             raise TaskNotFound(f"No task '{task_id}'. GET /lmsp/v1/tasks lists the tasks that are kept.")
         return task
@@ -259,16 +260,9 @@ class TaskManager:
                 )
         if not 1 <= limit <= MAX_LIST_LIMIT:
             raise InvalidRequest(f"limit must be between 1 and {MAX_LIST_LIMIT}.", param="limit")
-        try:
-            return await self.db.aread(
-                task_store.list_tasks, status=status or None, owner=caller.owner, limit=limit, after=after
-            )
-        except InvalidRequest as exc:
-            if exc.param != "after":
-                raise
-            raise TaskNotFound(
-                f"No task '{after}' to continue the list after; start again without 'after'.", param="after"
-            ) from None
+        return await storage.read(
+            self.db, task_store.list_tasks, status=status or None, owner=caller.owner, limit=limit, after=after
+        )
 
     async def cancel(self, task_id: str, *, caller: Caller = ANONYMOUS) -> TaskRecord:
         """End a queued or running task `cancelled`; a finished task is returned unchanged."""
@@ -298,7 +292,7 @@ class TaskManager:
         feed = self._feeds.get(task_id)
         if feed is not None:
             return feed.follow(after)
-        stored = await self.db.aread(event_log.read_events, task_id, after)  # 410 when expired
+        stored = await storage.read(self.db, event_log.read_events, task_id, after)  # 410 when expired
         return self._from_store(task, after, stored)
 
     async def _from_store(self, task: TaskRecord, after: int, stored: list) -> AsyncIterator[Event]:
@@ -310,10 +304,10 @@ class TaskManager:
                 yield event
                 if event.terminal:
                     return
-            current = await self.db.aread(task_store.get, task.id)
+            current = await storage.read(self.db, task_store.get, task.id)
             if current is None or current.terminal:
                 if current is not None:  # the terminal event may have landed after the first read
-                    for item in await self.db.aread(event_log.read_events, task.id, last):
+                    for item in await storage.read(self.db, event_log.read_events, task.id, last):
                         yield Event(item.seq, item.event, item.payload())
                 return
             feed = self._feeds.get(task.id)
@@ -322,7 +316,7 @@ class TaskManager:
                     yield event
                 return
             await asyncio.sleep(POLL_S)
-            stored = await self.db.aread(event_log.read_events, task.id, last)
+            stored = await storage.read(self.db, event_log.read_events, task.id, last)
 
     # -- running ----------------------------------------------------------------------------------
     def _dispatch(self) -> None:
@@ -354,7 +348,7 @@ class TaskManager:
                 self._feeds.pop(task_id, None)
 
     async def _run_task(self, task_id: str, feed: TaskFeed) -> None:
-        task = await self.db.aread(task_store.get, task_id)
+        task = await storage.read(self.db, task_store.get, task_id)
         if task is None or task.terminal:
             feed.close()
             return
@@ -362,7 +356,7 @@ class TaskManager:
             await self._end_unstarted(task, "cancelled")
             return
         try:
-            request = parse_response_create(task.request)
+            request = await asyncio.to_thread(parse_response_create, task.request)  # it may be long
             prepared = await self.conversations.prepare(request, owner=task.owner)
             try:
                 run = await self.service.start_response(prepared.request, response_id=task.response_id)
@@ -383,7 +377,7 @@ class TaskManager:
             run.cancel(self._shutdown_error)
         elif feed.cancel_requested:
             run.cancel()
-        if await self.db.awrite(task_store.mark_in_progress, task_id, response_id=run.response_id) is None:
+        if await storage.write(self.db, task_store.mark_in_progress, task_id, response_id=run.response_id) is None:
             run.cancel()  # ended meanwhile
             async for _ in run.events():
                 pass
@@ -391,7 +385,7 @@ class TaskManager:
             return
         await self._pump(task_id, feed, run, prepared)
 
-    async def _pump(self, task_id: str, feed: TaskFeed, run: ResponseRun, prepared: PreparedRequest) -> None:
+    async def _pump(self, task_id: str, feed: TaskFeed, run: Run, prepared: PreparedRequest) -> None:
         """Commit the run's events in batches, publishing each batch after its commit."""
         buffer: list[Event] = []
         wake = asyncio.Event()
@@ -451,7 +445,7 @@ class TaskManager:
     async def _end_unstarted(self, task: TaskRecord, status: str, error: LMSPError | None = None) -> None:
         """End a task that has no run (queued, or failed to start) after whatever its log holds."""
         problem = error.to_problem() if error is not None else None
-        events = await self.db.awrite(end_task, task.id, status, problem)
+        events = await storage.write(self.db, end_task, task.id, status, problem)
         self._settle(task.id, events)
 
     async def _fail_in_store(self, task_id: str, feed: TaskFeed, error: LMSPError) -> None:

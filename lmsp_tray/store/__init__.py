@@ -9,43 +9,66 @@ so a caller composes several of them into one atomic write::
     turns = await db.aread(stored_responses.chain, previous_id)
     await db.awrite(event_log.append_events, task_id, [(seq, name, data)])
 
-`housekeeping` purges what is past its time in the background.
+`housekeeping` purges what is past its time in the background. Failures are
+the store's own exceptions (`errors`), never HTTP or LMSP errors: `serving`
+decides what each means to a client.
 """
 
 from lmsp_tray.store.access_tokens import LastUsedBatcher, TokenRecord
-from lmsp_tray.store.database import (
-    Database,
+from lmsp_tray.store.database import Database, WriterStats
+from lmsp_tray.store.errors import (
+    ChainBroken,
+    ChainCycle,
+    ChainTooLong,
+    DuplicateEvent,
+    EventSequenceError,
+    EventsExpired,
+    KeyInProgress,
+    KeyReused,
     NotOurDatabase,
+    ResponseMissing,
     SchemaTooNew,
     StoreClosed,
     StoreError,
-    WriterStats,
+    TaskMissing,
+    UnknownCursor,
+    UnknownStatus,
 )
-from lmsp_tray.store.event_log import DuplicateEvent, EventSequenceError, StoredEvent
+from lmsp_tray.store.event_log import StoredEvent
 from lmsp_tray.store.housekeeping import Housekeeper, PurgeReport, purge
 from lmsp_tray.store.idempotency_keys import IdempotencyRecord
 from lmsp_tray.store.stored_responses import StoredResponse, Turn
 from lmsp_tray.store.task_rows import Recovery, TaskPage, TaskRecord
 
 __all__ = [
+    "ChainBroken",
+    "ChainCycle",
+    "ChainTooLong",
     "Database",
     "DuplicateEvent",
     "EventSequenceError",
+    "EventsExpired",
     "Housekeeper",
     "IdempotencyRecord",
+    "KeyInProgress",
+    "KeyReused",
     "LastUsedBatcher",
     "NotOurDatabase",
     "PurgeReport",
     "Recovery",
+    "ResponseMissing",
     "SchemaTooNew",
     "StoreClosed",
     "StoreError",
     "StoredEvent",
     "StoredResponse",
+    "TaskMissing",
     "TaskPage",
     "TaskRecord",
     "TokenRecord",
     "Turn",
+    "UnknownCursor",
+    "UnknownStatus",
     "WriterStats",
     "purge",
 ]

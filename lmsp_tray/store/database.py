@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
-from lmsp_tray.errors import InternalError
+from lmsp_tray.store.errors import NotOurDatabase, StoreClosed, StoreError
+from lmsp_tray.store.migrations import MIGRATIONS, migrate
 
 log = logging.getLogger(__name__)
 
@@ -47,29 +48,6 @@ T = TypeVar("T")
 
 APPLICATION_ID = 0x4C4D5350  # "LMSP": marks the file as ours
 SYNCHRONOUS_MODES = ("FULL", "NORMAL", "EXTRA")
-
-
-class StoreError(InternalError):
-    """The database could not do what was asked (maps to 500 internal_error)."""
-
-
-class SchemaTooNew(StoreError):
-    """The database was written by a newer lmsp-tray; this version must not touch it."""
-
-    def __init__(self, path: Path, found: int, known: int) -> None:
-        super().__init__(
-            f"the database {path} has schema version {found}, but this lmsp-tray only knows "
-            f"versions up to {known}; upgrade lmsp-tray or move the file away"
-        )
-        self.path, self.found, self.known = path, found, known
-
-
-class NotOurDatabase(StoreError):
-    """The file is not an SQLite database, or belongs to another application."""
-
-
-class StoreClosed(StoreError):
-    """A write was submitted after `Database.close()`."""
 
 
 @dataclass
@@ -122,8 +100,6 @@ class Database:
         read_threads: int = 4,
         migrations: Sequence[Callable[[sqlite3.Connection], None]] | None = None,
     ) -> None:
-        from lmsp_tray.store.migrations import MIGRATIONS, migrate
-
         if synchronous.upper() not in SYNCHRONOUS_MODES:
             raise ValueError(f"synchronous must be one of {SYNCHRONOUS_MODES}")
         self.path = Path(path)

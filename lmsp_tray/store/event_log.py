@@ -25,30 +25,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lmsp_tray.errors import EventHistoryExpired
-from lmsp_tray.store.database import StoreError
-
-TERMINAL_EVENTS = frozenset(
-    {
-        "response.completed",
-        "response.incomplete",
-        "response.failed",
-        "response.cancelled",
-        "error",
-        # a model download task (`serving.downloads`)
-        "model.download.completed",
-        "model.download.failed",
-        "model.download.cancelled",
-    }
-)
-
-
-class EventSequenceError(StoreError):
-    """An append that would break the log: a gap, an event after the terminal one, an expired log."""
-
-
-class DuplicateEvent(EventSequenceError):
-    """An append with an event id the log already holds."""
+from lmsp_tray.protocol.events import TERMINAL_EVENTS
+from lmsp_tray.store.errors import DuplicateEvent, EventSequenceError, EventsExpired
 
 
 @dataclass(frozen=True)
@@ -164,17 +142,15 @@ def read_events(
 ) -> list[StoredEvent]:
     """Events with id > ``after_seq``, in order. Unknown owner: ``[]``.
 
-    Raises `EventHistoryExpired` (410) when the log has expired and the
-    reader still lacks some of its events.
+    Raises `EventsExpired` when the log has expired and the reader still
+    lacks some of its events.
     """
     log = get_log(conn, owner_id)
     if log is None:
         return []
     if log.expired:
         if after_seq < log.last_seq:
-            raise EventHistoryExpired(
-                f"the events of {owner_id} are past the retention period; read the result from the task instead"
-            )
+            raise EventsExpired(owner_id)
         return []
     sql = "SELECT seq, event, data, created_at FROM events WHERE owner_id = ? AND seq > ? ORDER BY seq"
     params: tuple[Any, ...] = (owner_id, max(0, int(after_seq)))

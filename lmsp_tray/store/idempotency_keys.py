@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lmsp_tray.errors import IdempotencyKeyInProgress, IdempotencyKeyReused
+from lmsp_tray.store.errors import KeyInProgress, KeyReused
 
 IDEMPOTENCY_TTL_S = 86400.0
 
@@ -86,23 +86,16 @@ def begin(
 
     Returns a record with ``is_new=True`` when this request claimed the key
     (run it, then `finish` or `abandon`), or the stored record with
-    ``replay=True``. Raises `IdempotencyKeyReused` (422) when the key was used
-    with a different body, `IdempotencyKeyInProgress` (409) while the first
-    request with this body still runs.
+    ``replay=True``. Raises `KeyReused` when the key was used with a different
+    body, `KeyInProgress` while the first request with this body still runs.
     """
     now = time.time() if now is None else now
     existing = get(conn, scope, key)
     if existing is not None and existing.created_at > now - ttl_s:
         if existing.request_hash != request_hash:
-            raise IdempotencyKeyReused(
-                "this Idempotency-Key was already used with a different request body; use a new key",
-                param="Idempotency-Key",
-            )
+            raise KeyReused(key)
         if existing.state == "in_progress":
-            raise IdempotencyKeyInProgress(
-                "a request with this Idempotency-Key is still running; retry after it finishes",
-                param="Idempotency-Key",
-            )
+            raise KeyInProgress(key)
         return existing
     conn.execute(
         "INSERT OR REPLACE INTO idempotency (scope, key, request_hash, state, created_at, finished_at, result_json) "

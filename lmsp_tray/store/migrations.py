@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from lmsp_tray.store.errors import SchemaTooNew
+
 Migration = Callable[[sqlite3.Connection], None]
 
 
@@ -141,8 +143,6 @@ def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration], path: Pat
     re-reads the version under the write lock). Raises `SchemaTooNew` for a
     file from a newer version, before changing anything.
     """
-    from lmsp_tray.store.database import SchemaTooNew
-
     known = len(migrations)
     current = schema_version(conn)
     if current > known:

@@ -20,8 +20,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmsp_tray.errors import ContextLengthExceeded, ResponseNotFound
-from lmsp_tray.store.database import StoreError
+from lmsp_tray.store.errors import ChainBroken, ChainCycle, ChainTooLong, ResponseMissing
 
 MAX_CHAIN = 1000  # turns; a longer conversation cannot fit any context window anyway
 
@@ -109,9 +108,10 @@ def chain(
 ) -> list[Turn]:
     """The turns ending with ``response_id``, oldest first.
 
-    Raises `ResponseNotFound` (param ``previous_response_id``) when the
-    response or any earlier link is missing, `ContextLengthExceeded` when the
-    chain is longer than ``max_turns``, and `StoreError` on a cycle.
+    Raises `ResponseMissing` when ``response_id`` is not stored (for this
+    owner), `ChainBroken` when an earlier link is missing or another owner's,
+    `ChainTooLong` when the chain is longer than ``max_turns``, and
+    `ChainCycle` when its links lead back to one of its turns.
     """
     rows = conn.execute(
         """WITH RECURSIVE walk (id, prev, owner, input_json, response_json, depth) AS (
@@ -126,28 +126,19 @@ def chain(
         (response_id, max_turns),
     ).fetchall()
     if not rows or (owner is not None and rows[0]["owner"] != owner):
-        raise ResponseNotFound(f"no stored response {response_id}", param="previous_response_id")
+        raise ResponseMissing(response_id)
     seen: set[str] = set()
     for row in rows:
         if row["id"] in seen:
-            raise StoreError(f"the conversation ending with {response_id} links back to itself")
+            raise ChainCycle(response_id)
         seen.add(row["id"])
         if owner is not None and row["owner"] != owner:
-            raise ResponseNotFound(
-                f"the conversation ending with {response_id} continues a response of another token",
-                param="previous_response_id",
-            )
+            raise ChainBroken(response_id, None)
     if len(rows) > max_turns:
-        raise ContextLengthExceeded(
-            f"the conversation ending with {response_id} is longer than {max_turns} turns",
-            param="previous_response_id",
-        )
+        raise ChainTooLong(response_id, max_turns)
     last = rows[-1]
     if last["prev"] is not None:
-        raise ResponseNotFound(
-            f"the conversation ending with {response_id} continues {last['prev']}, which is no longer stored",
-            param="previous_response_id",
-        )
+        raise ChainBroken(response_id, last["prev"])
     turns = []
     for row in reversed(rows):
         response = json.loads(row["response_json"])

@@ -28,8 +28,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmsp_tray.errors import InvalidRequest, TaskNotFound
 from lmsp_tray.store import event_log
+from lmsp_tray.store.errors import TaskMissing, UnknownCursor, UnknownStatus
 
 TASK_STATUSES = ("queued", "in_progress", "completed", "incomplete", "failed", "cancelled")
 RESPONSE = "response"  # a background response (`POST /tasks`); other kinds: "model.download"
@@ -140,7 +140,7 @@ def get(conn: sqlite3.Connection, task_id: str, *, owner: str | None = None) -> 
 def _require(conn: sqlite3.Connection, task_id: str) -> TaskRecord:
     record = get(conn, task_id)
     if record is None:
-        raise TaskNotFound(f"no task {task_id}")
+        raise TaskMissing(task_id)
     return record
 
 
@@ -239,7 +239,7 @@ def list_tasks(
         wanted = [status] if isinstance(status, str) else list(status)
         unknown = [s for s in wanted if s not in TASK_STATUSES]
         if unknown:
-            raise InvalidRequest(f"unknown task status {unknown[0]!r}", param="status")
+            raise UnknownStatus(unknown[0])
         where.append(f"status IN ({', '.join('?' for _ in wanted)})")
         params.extend(wanted)
     if owner is not None:
@@ -248,7 +248,7 @@ def list_tasks(
     if after is not None:
         anchor = conn.execute("SELECT created_at, id FROM tasks WHERE id = ?", (after,)).fetchone()
         if anchor is None:
-            raise InvalidRequest(f"no task {after} to continue the list after", param="after")
+            raise UnknownCursor(after)
         where.append("(created_at, id) < (?, ?)")
         params.extend([anchor[0], anchor[1]])
     limit = max(1, int(limit))
