@@ -165,10 +165,8 @@ class DaemonTrayBackend:
         reason = None
         if state == MODEL_ERROR:
             reason = (error.detail if isinstance(error, LMSPError) else str(error or "")) or "could not load"
-        generating = False
         loaded = self.daemon.models.get(entry.id)
-        if loaded is not None and loaded.scheduler is not None:
-            generating = loaded.scheduler.busy
+        generating = loaded is not None and loaded.busy
         return ModelView(view.id, view.size_bytes, view.quantization, state, reason, generating)
 
     def _autostart_status(self) -> tuple[bool, bool]:

@@ -2,10 +2,13 @@
 
 `Service.start_response` does everything that can fail *before* a response
 starts (find and load the model, render and tokenize the conversation,
-check the context window, queue the job), so those failures are plain
-problem documents. The returned `ResponseRun` then yields the response's
-events as the model produces them; after the first event a failure becomes
-a terminal `response.failed` event, never an exception. Sync requests read
+check the context window and the grammar's size, queue the job), so those
+failures are plain problem documents; rendering (a template is a bounded
+program from the model file) and tokenization (a call to the model process)
+run in a worker thread, never on the event loop. The returned `ResponseRun`
+then yields the response's events as the model produces them; after the
+first event a failure — the model process crashing included — becomes a
+terminal `response.failed` event, never an exception. Sync requests read
 the same events and keep the final object.
 """
 
@@ -25,10 +28,10 @@ from lmsp_tray.chat.parser import OutputParser, ParserConfig, apply
 from lmsp_tray.chat.plan import ChatPlan, OutputSpec, build_plan, prepare
 from lmsp_tray.config import Config, ConfigError, parse_duration
 from lmsp_tray.discovery.entry import ModelEntry
-from lmsp_tray.engine.jobs import CANCELLED, CONTEXT, ERROR, LENGTH, Finish, GenerationJob
+from lmsp_tray.engine.jobs import CANCELLED, CONTEXT, ERROR, LENGTH, Finish, GenerationJob, GrammarOn
 from lmsp_tray.engine.load_plan import context_window
+from lmsp_tray.engine.loaded import LoadedModel
 from lmsp_tray.engine.manager import ModelManager
-from lmsp_tray.engine.model import LlamaModel
 from lmsp_tray.engine.sampling import (
     DEFAULT_MIN_P,
     DEFAULT_TEMPERATURE,
@@ -36,10 +39,12 @@ from lmsp_tray.engine.sampling import (
     DEFAULT_TOP_P,
     SamplingParams,
 )
+from lmsp_tray.engine.trigger import CallMarkers
 from lmsp_tray.errors import (
     ContextLengthExceeded,
     InvalidRequest,
     LMSPError,
+    ModelCrashed,
     ModelLoadFailed,
     ModelNotFound,
     ServiceUnavailable,
@@ -49,8 +54,6 @@ from lmsp_tray.protocol.events import Event, ResponseAssembler
 from lmsp_tray.protocol.requests import ResponseRequest
 
 log = logging.getLogger("lmsp_tray.serving.service")
-
-INLINE_PROMPT_CHARS = 16_000
 
 
 class Catalog(Protocol):
@@ -110,6 +113,9 @@ class ResponseRun:
                 if isinstance(item, str):
                     for event in apply(asm, self._parser.feed(item)):
                         yield event
+                    continue
+                if isinstance(item, GrammarOn):
+                    self._parser.grammar_on()
                     continue
                 if item.reason != ERROR:
                     for event in apply(asm, self._parser.finish()):
@@ -244,33 +250,46 @@ class Service:
         """Everything that can fail before the first event; `response_id` is fixed in advance for tasks."""
         entry = self.entry(request.model, param="model")
         self._check_capabilities(entry, request)
-        spec = prepare(request)  # tools, tool_choice, schemas, tool results: checked before loading
+        spec = self._prepare(request)  # tools, tool_choice, schemas, tool results: checked before loading
         keep_alive = self._keep_alive(request)
         for attempt in range(2):
-            # The common case, already loaded, takes no thread hop (it counts in time to first token).
             model = self.models.use_if_loaded(entry.id, keep_alive=keep_alive)
             if model is None:
                 model = await asyncio.to_thread(self.models.acquire, entry, keep_alive=keep_alive)
-            if sum(len(getattr(i, "text", "")) for i in request.items) < INLINE_PROMPT_CHARS:
-                plan, prompt = self._prompt_tokens(model, request, spec)
-            else:  # long inputs are rendered and tokenized off the event loop
-                plan, prompt = await asyncio.to_thread(self._prompt_tokens, model, request, spec)
-            job, queue = self._job(model, request, prompt, plan)
             try:
+                # Rendering runs the model's template (bounded, but not free) and tokenizing asks the
+                # model process: both off the event loop.
+                plan, prompt = await asyncio.to_thread(self._prompt_tokens, model, request, spec)
+                job, queue = self._job(model, request, prompt, plan)
                 model.submit(job)
                 break
-            except ServiceUnavailable:
+            except (ServiceUnavailable, ModelCrashed):
                 if attempt:
-                    raise  # unloaded twice in a row: give up
+                    raise  # unloaded (or gone) twice in a row: give up
         assembler = ResponseAssembler(entry.id, response_id=response_id)
-        run = ResponseRun(assembler, job, queue, on_done=self._runs.discard, parser=plan.parser(job.grammar_trigger))  # type: ignore[arg-type]
+        run = ResponseRun(assembler, job, queue, on_done=self._runs.discard, parser=plan.parser())
         self._runs.add(run)
         return run
+
+    def _prepare(self, request: ResponseRequest) -> OutputSpec:
+        """`prepare` plus the bound on how large a grammar the request's schemas and tools make."""
+        spec = prepare(request)
+        size = len(spec.grammar.text().encode("utf-8"))
+        limit = self.config.max_grammar_bytes
+        if size > limit:
+            param = "tools" if request.tools and request.json_schema is None else "response_format"
+            raise InvalidRequest(
+                f"The output constraint (tools and response schema) compiles to a grammar of {size:,} bytes; "
+                f"the limit is {limit:,} bytes (max_grammar_bytes in config.toml). Use a smaller schema, fewer "
+                f"enum values or fewer tools.",
+                param=param,
+            )
+        return spec
 
     def check_request(self, request: ResponseRequest) -> None:
         """The checks `start_response` makes before loading anything (a task runs them when created)."""
         self._check_capabilities(self.entry(request.model, param="model"), request)
-        prepare(request)
+        self._prepare(request)
         self._keep_alive(request)
 
     def _check_capabilities(self, entry: ModelEntry, request: ResponseRequest) -> None:
@@ -294,7 +313,7 @@ class Service:
             raise InvalidRequest(str(exc), param="extensions.lmsp_tray.keep_alive") from None
 
     def _prompt_tokens(
-        self, model: LlamaModel, request: ResponseRequest, spec: OutputSpec
+        self, model: LoadedModel, request: ResponseRequest, spec: OutputSpec
     ) -> tuple[ChatPlan, list[int]]:
         if not request.items:
             raise InvalidRequest("'input' must contain at least one item.", param="input")
@@ -319,14 +338,17 @@ class Service:
         return plan, tokens
 
     def _job(
-        self, model: LlamaModel, request: ResponseRequest, prompt: list[int], plan: ChatPlan
+        self, model: LoadedModel, request: ResponseRequest, prompt: list[int], plan: ChatPlan
     ) -> tuple[GenerationJob, asyncio.Queue]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         put = queue.put_nowait
 
-        def sink(item: str | Finish) -> None:
-            loop.call_soon_threadsafe(put, item)
+        def sink(item: str | GrammarOn | Finish) -> None:
+            try:
+                loop.call_soon_threadsafe(put, item)
+            except RuntimeError:  # the loop has closed (shutdown): nobody is reading any more
+                pass
 
         sampling = SamplingParams(
             temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
@@ -345,7 +367,7 @@ class Service:
             max_tokens=max_tokens,
             sink=sink,
             stop=request.stop,
-            grammar_trigger=plan.trigger(),
+            grammar_trigger=_lazy_grammar(plan),
             visible_tokens=plan.visible_tokens,
         )
         return job, queue
@@ -355,3 +377,11 @@ class Service:
         """End every running response (shutdown): each stream gets its terminal event."""
         for run in list(self._runs):
             run.cancel()
+
+
+def _lazy_grammar(plan: ChatPlan) -> CallMarkers | None:
+    """The engine's trigger for a plan whose grammar switches on at a call marker (`tool_choice: auto`)."""
+    if not plan.lazy_roots:
+        return None
+    cfg = plan.parser_config
+    return CallMarkers(tuple(plan.lazy_roots.items()), cfg.think, cfg.start_in_think)
