@@ -17,7 +17,9 @@ e.g. a model starting to generate).
 
 `TrayHooks` is the one place the daemon hands the tray its owner token,
 pairing requests and keyring trouble: see `tray_hooks()` below. A new
-pairing request also raises a desktop notification (app name, scopes, code).
+pairing request also raises a desktop notification (app name, scopes, code),
+and so does a model whose process crashed (what happened, and that the next
+request loads it again); the menu shows the reason beside the model.
 """
 
 from __future__ import annotations
@@ -126,6 +128,14 @@ def pairing_notification(view: Any) -> str | None:
         f"{clean_text(view.app_name, 40)} asks for a token ({scopes}). Code {clean_text(view.user_code, 12)}: "
         f"approve or deny it in the lmsp-tray menu."
     )
+
+
+def crash_notification(model_id: str, error: Any) -> str | None:
+    """The desktop notification for a model whose process died (None for other errors: a failed
+    load answers the click or request that caused it)."""
+    if getattr(error, "code", None) != "model_crashed":
+        return None
+    return clean_text(f"{getattr(error, 'detail', '') or model_id + ' stopped.'}", 240)
 
 
 # -- the backend ------------------------------------------------------------------------------------
@@ -293,6 +303,14 @@ def run_tray(
         message = pairing_notification(view)
         if message is not None:
             app.notify(message)
+
+    def notify_crash(model_id: str, state: str) -> None:
+        if state == MODEL_ERROR:
+            message = crash_notification(model_id, daemon.models.state(model_id)[1])
+            if message is not None:
+                app.notify(message)
+
+    daemon.models.subscribe(notify_crash)
 
     try:
         backend.hooks.subscribe_pairings(refresh)

@@ -223,8 +223,19 @@ def _own_stdio() -> tuple[int, int]:
     return fd_in, fd_out
 
 
+def _no_core_dumps() -> None:
+    """A crashed model process must not write a core file the size of its model."""
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
 def main() -> int:
     fd_in, fd_out = _own_stdio()
+    _no_core_dumps()
     for name in ("SIGINT", "SIGTERM"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
