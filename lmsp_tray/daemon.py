@@ -55,6 +55,8 @@ from lmsp_tray.store.idempotency_keys import IDEMPOTENCY_TTL_S
 
 log = logging.getLogger("lmsp_tray.daemon")
 
+EXIT_DEADLINE_S = 20.0  # after SIGTERM/SIGINT, the longest a clean stop may take before the process just exits
+
 
 class _Server(uvicorn.Server):
     """uvicorn without its own signal handlers: the daemon ends streams first, then stops it."""
@@ -267,6 +269,10 @@ class Daemon:
             await serve_task
         finally:
             await self.tasks.stop()  # running tasks write their terminal events before the loop ends
+            # Model processes end while the loop still runs: no model thread calls into a closed loop,
+            # and calls waiting on a model (tokenizing a huge input) fail now instead of holding the
+            # executor that asyncio.run waits for.
+            await asyncio.to_thread(self.models.close)
 
     def serve_forever(self, sock: socket.socket) -> None:
         """Serve in the foreground until SIGTERM/SIGINT (headless mode)."""
@@ -274,8 +280,15 @@ class Daemon:
 
         def on_signal(signum: int, _frame: Any) -> None:
             log.info("received %s, shutting down", signal.Signals(signum).name)
+            if stop.is_set():
+                return
             self.request_stop()
             stop.set()
+            threading.Thread(
+                target=self._exit_deadline, args=(serve_done,), name="lmsp-exit-deadline", daemon=True
+            ).start()
+
+        serve_done = threading.Event()
 
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
@@ -283,7 +296,21 @@ class Daemon:
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
-            self.close()
+            try:
+                self.close()
+            finally:
+                serve_done.set()
+
+    def _exit_deadline(self, done: threading.Event) -> None:
+        """Whatever the load, a stop requested by a signal ends the process within EXIT_DEADLINE_S:
+        past it, the discovery file goes and the process exits (unfinished tasks are ended at the
+        next start, as after a crash)."""
+        if done.wait(EXIT_DEADLINE_S):
+            return
+        log.error("the service did not stop within %.0f s; exiting now", EXIT_DEADLINE_S)
+        remove_discovery_file(self.paths)
+        logging.shutdown()
+        os._exit(0)
 
     def start_background(self, sock: socket.socket) -> None:
         """Serve on a background thread (under the tray, and in tests); returns once listening."""

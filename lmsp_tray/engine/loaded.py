@@ -73,7 +73,10 @@ class LoadedModel(Protocol):
 
     def is_control(self, token: int) -> bool: ...  # pragma: no cover
 
-    def tokenize_prompt(self, text: str) -> list[int]: ...  # pragma: no cover
+    def tokenize_prompt(self, text: str, *, at_most: int | None = None) -> list[int]:
+        """The prompt's tokens; with `at_most`, a text that surely needs more is refused without
+        tokenizing it (`ContextLengthExceeded`)."""
+        ...  # pragma: no cover
 
     def submit(self, job: GenerationJob) -> None:
         """Queue `job`; raises 503 (unloading) or 429 (waiting line full, with Retry-After) at once."""

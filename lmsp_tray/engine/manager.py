@@ -32,7 +32,7 @@ from lmsp_tray.discovery.entry import ModelEntry
 from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan, plan_load
 from lmsp_tray.engine.loaded import LoadedModel
 from lmsp_tray.engine.runtime import Runtime, physical_cores
-from lmsp_tray.errors import InsufficientMemory, LMSPError, ModelLoadFailed
+from lmsp_tray.errors import InsufficientMemory, LMSPError, ModelLoadFailed, ServiceUnavailable
 
 log = logging.getLogger("lmsp_tray.engine")
 
@@ -179,6 +179,8 @@ class ModelManager:
         """The loaded model for `entry`, loading it first if needed (blocking)."""
         while True:
             with self._lock:
+                if self._closed.is_set():
+                    raise ServiceUnavailable("The service is shutting down.")
                 record = self._records.get(entry.id)
                 if record is not None and record.state in (LOADING, UNLOADING):
                     # Someone else is loading or unloading it: wait for the outcome, then decide again.
@@ -263,10 +265,15 @@ class ModelManager:
                 self._set(entry.id, record, ERROR)
             raise
         with self._lock:
-            record.model = model
-            record.error = None
-            self._touch(record, keep_alive)
-            self._set(entry.id, record, LOADED)
+            closed = self._closed.is_set()
+            if not closed:
+                record.model = model
+                record.error = None
+                self._touch(record, keep_alive)
+                self._set(entry.id, record, LOADED)
+        if closed:  # the service stopped while this model was loading
+            model.close()
+            raise ServiceUnavailable("The service is shutting down.")
         return model
 
     def _model_exited(self, model: LoadedModel, error: LMSPError) -> None:
@@ -323,5 +330,9 @@ class ModelManager:
                 self.unload(model_id, drain=True)
 
     def close(self) -> None:
+        """Unload everything at once (running jobs end 503) and stop the reaper; waits for the model
+        processes to end. Safe to call again."""
         self._closed.set()
         self.unload_all(drain=False)
+        if self._reaper is not threading.current_thread():
+            self._reaper.join(5.0)

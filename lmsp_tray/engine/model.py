@@ -31,13 +31,15 @@ from lmsp_tray.engine.prompt_tokens import PromptTokenizer, SpecialToken, turn_m
 from lmsp_tray.engine.runtime import Runtime, physical_cores
 from lmsp_tray.engine.scheduler import Scheduler
 from lmsp_tray.engine.templates import BUILTIN_TEMPLATES, ChatTemplate, builtin_template_name
-from lmsp_tray.errors import ModelLoadFailed
+from lmsp_tray.errors import ContextLengthExceeded, ModelLoadFailed
 
 log = logging.getLogger("lmsp_tray.engine")
 
 # Prompts shorter than this are tokenized whole (a few ms at most); a longer one first builds the
 # model's piece tokenizer (one pass over the vocabulary's token attributes).
 PIECEWISE_FROM_CHARS = 4096
+# Texts longer than this (and than the window) are first checked against the window by length alone.
+SHORTCUT_FROM_CHARS = 1 << 16
 _SPLIT_ATTRS = (
     llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
 )
@@ -137,6 +139,7 @@ class LlamaModel:
 
         self._pieces: list[bytes | None] = [None] * self.n_vocab
         self._texts: dict[str, int] | None = None  # marker-like token texts, built on first use
+        self._longest_piece: int | None = None
         self._piece_buf = ctypes.create_string_buffer(256)
         self.bos_text = self._token_text(llama_cpp.llama_vocab_bos(self.vocab))
         self.eos_text = self._token_text(llama_cpp.llama_vocab_eos(self.vocab))
@@ -223,9 +226,21 @@ class LlamaModel:
             n = llama_cpp.llama_tokenize(self.vocab, raw, len(raw), buf, size, add_special, parse_special)
         return list(buf[:n])
 
-    def tokenize_prompt(self, text: str) -> list[int]:
+    def tokenize_prompt(self, text: str, *, at_most: int | None = None) -> list[int]:
         """A rendered prompt's tokens, start tokens included: what `tokenize(text)` gives, but a long
-        prompt's pieces already seen (the earlier turns of a conversation) are not tokenized again."""
+        prompt's pieces already seen (the earlier turns of a conversation) are not tokenized again.
+
+        With `at_most`, a text that cannot fit in that many tokens (no token covers more than the
+        vocabulary's longest piece) is refused at once, without tokenizing it: a 7 MiB input meant
+        for an 8k window costs microseconds, not seconds of llama.cpp's tokenizer."""
+        if at_most is not None and len(text) > max(SHORTCUT_FROM_CHARS, at_most):
+            least = -(-len(text.encode("utf-8", errors="replace")) // self.longest_piece())
+            if least > at_most:
+                raise ContextLengthExceeded(
+                    f"The input is at least {least:,} tokens; '{self.id}' has a context window of "
+                    f"{self.context_length:,} tokens. Shorten the input.",
+                    param="input",
+                )
         tokenizer = self._prompt_tokenizer
         if tokenizer is None:  # the first long prompt has it built off this thread, for the next ones
             if len(text) >= PIECEWISE_FROM_CHARS:
@@ -237,6 +252,16 @@ class LlamaModel:
                         self._prompt_tokenizer_thread.start()
             return self.tokenize(text)
         return tokenizer.tokens(text) if tokenizer.markers else self.tokenize(text)
+
+    def longest_piece(self) -> int:
+        """The most bytes of text one token can stand for (its piece, or its text when it is special)."""
+        if self._longest_piece is None:
+            longest = 1
+            for token in range(self.n_vocab):
+                raw = llama_cpp.llama_vocab_get_text(self.vocab, token) or b""
+                longest = max(longest, len(raw), len(self.piece(token)), len(self.piece(token, special=True)))
+            self._longest_piece = longest + 1  # and the space a tokenizer may put in front
+        return self._longest_piece
 
     def prompt_tokenizer(self) -> PromptTokenizer:
         """The model's piece tokenizer, built on first use."""

@@ -23,10 +23,10 @@ import collections
 import concurrent.futures
 import itertools
 import logging
-import math
 import os
 import queue
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -36,12 +36,13 @@ from typing import Any
 
 from lmsp_tray.discovery.entry import ModelEntry
 from lmsp_tray.engine import wire, worker
+from lmsp_tray.engine.admission import Admission, unloading
 from lmsp_tray.engine.jobs import ERROR, Finish, GenerationJob, GrammarOn
 from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan
 from lmsp_tray.engine.loaded import ModelStats, Placement
 from lmsp_tray.engine.templates import ChatTemplate
 from lmsp_tray.engine.trigger import CallMarkers
-from lmsp_tray.errors import LMSPError, ModelCrashed, ModelLoadFailed, ServiceUnavailable, TooManyRequests
+from lmsp_tray.errors import LMSPError, ModelCrashed, ModelLoadFailed, ServiceUnavailable
 
 log = logging.getLogger("lmsp_tray.engine.process")
 worker_log = logging.getLogger("lmsp_tray.engine.worker")
@@ -104,7 +105,6 @@ class ModelProcess:
         self._closing = False
         self._exited = threading.Event()
         self._ready: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
-        self._durations: collections.deque[float] = collections.deque(maxlen=16)
         self._last_activity = time.monotonic()
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=40)
         self._token_ids: dict[str, int | None] = {}
@@ -146,6 +146,7 @@ class ModelProcess:
         self.load_seconds = time.monotonic() - started
         self.context_length = int(facts["context_length"])
         self.parallel = int(facts["parallel"])
+        self._admission = Admission(self.parallel, options.max_queue)
         self.placement = Placement(**facts["placement"])
         t = facts["template"]
         self.template = ChatTemplate(t["source"], t["name"], t["bos_token"], t["eos_token"], model_id=entry.id)
@@ -178,8 +179,9 @@ class ModelProcess:
             self._control[token] = bool(wire.unpack_json(self._call({"op": "is_control", "token": token})))
         return self._control[token]
 
-    def tokenize_prompt(self, text: str) -> list[int]:
-        _, payload = self._request(wire.TOKENIZE, text.encode("utf-8", errors="replace"))
+    def tokenize_prompt(self, text: str, *, at_most: int | None = None) -> list[int]:
+        head = struct.pack("<I", at_most or 0)
+        _, payload = self._request(wire.TOKENIZE, head + text.encode("utf-8", errors="replace"))
         return wire.unpack_tokens(payload)
 
     def stats(self, *, batches: bool = False) -> ModelStats:
@@ -193,13 +195,8 @@ class ModelProcess:
             raise TypeError("a model process runs lazy grammars given as CallMarkers only")
         with self._lock:
             if self._closing or self._exited.is_set():
-                raise ServiceUnavailable("The model is being unloaded; send the request again to load it anew.")
-            waiting = len(self._jobs) - self.parallel
-            if waiting >= self.options.max_queue:
-                raise TooManyRequests(
-                    f"{waiting} requests are already waiting for this model; try again shortly.",
-                    headers={"Retry-After": str(self._retry_after(waiting))},
-                )
+                raise unloading()
+            self._admission.admit()  # 429 when the waiting line is full
             ident = next(self._ids)
             self._jobs[ident] = job
             self._last_activity = time.monotonic()
@@ -216,10 +213,6 @@ class ModelProcess:
         self._send(wire.frame(wire.SUBMIT, ident, wire.pack_job(spec, job.prompt)))
         if job.cancelled:  # cancelled before the hook was in place
             self._send(cancel)
-
-    def _retry_after(self, waiting: int) -> int:
-        typical = sorted(self._durations)[len(self._durations) // 2] if self._durations else 2.0
-        return max(1, min(60, math.ceil(typical * (waiting + 1) / max(1, self.parallel))))
 
     def close(self, *, drain: bool = False) -> None:
         """Stop the process (letting running and queued jobs finish with `drain`) and wait for it."""
@@ -299,7 +292,7 @@ class ModelProcess:
                 job = self._jobs.pop(ident, None)
                 self._last_activity = now
             if job is not None:
-                self._durations.append(now - job.submitted_at)
+                self._admission.done(now - job.submitted_at)
                 job.sink(wire.unpack_finish(payload))
         elif kind in (wire.REPLY, wire.TOKENS, wire.ERROR):
             with self._lock:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import llama_cpp
 
+from lmsp_tray.engine.admission import too_many, unloading
 from lmsp_tray.engine.jobs import (
     CANCELLED,
     CONTEXT,
@@ -51,7 +51,6 @@ from lmsp_tray.errors import (
     InvalidRequest,
     LMSPError,
     ServiceUnavailable,
-    TooManyRequests,
 )
 
 if TYPE_CHECKING:
@@ -162,18 +161,11 @@ class Scheduler:
 
     def _check_admission(self) -> None:
         if self._stopping or self._drain:
-            raise ServiceUnavailable("The model is being unloaded; send the request again to load it anew.")
+            raise unloading()
         waiting = len(self._queue)
         free = sum(1 for s in self._slots if s.job is None)
         if waiting >= self._max_queue and free == 0:
-            raise TooManyRequests(
-                f"{waiting} requests are already waiting for this model; try again shortly.",
-                headers={"Retry-After": str(self._retry_after(waiting))},
-            )
-
-    def _retry_after(self, waiting: int) -> int:
-        typical = sorted(self._durations)[len(self._durations) // 2] if self._durations else 2.0
-        return max(1, min(60, math.ceil(typical * (waiting + 1) / len(self._slots))))
+            raise too_many(waiting, self._durations, len(self._slots))
 
     @property
     def busy(self) -> bool:

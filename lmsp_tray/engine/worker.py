@@ -27,6 +27,7 @@ import dataclasses
 import logging
 import os
 import signal
+import struct
 import sys
 import threading
 from pathlib import Path
@@ -171,7 +172,9 @@ class Worker:
 
     def _tokenize(self, ident: int, payload: bytes) -> None:
         try:
-            tokens = self.model.tokenize_prompt(payload.decode("utf-8", errors="replace"))
+            (at_most,) = struct.unpack_from("<I", payload)
+            text = payload[4:].decode("utf-8", errors="replace")
+            tokens = self.model.tokenize_prompt(text, at_most=at_most or None)
             self._writer.send(wire.frame(wire.TOKENS, ident, wire.pack_tokens(tokens)))
         except Exception as exc:  # noqa: BLE001 - reported to the caller, not raised here
             self._reply_error(ident, exc)

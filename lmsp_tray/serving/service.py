@@ -164,6 +164,7 @@ class Service:
         self.capabilities = capabilities or Capabilities()
         self.started_at = time.time()
         self._runs: set[ResponseRun] = set()
+        self._closing = False  # shutting down: no new responses
 
     # -- service document -----------------------------------------------------------------------
     def service_document(self) -> dict[str, Any]:
@@ -266,6 +267,9 @@ class Service:
             except (ServiceUnavailable, ModelCrashed):
                 if attempt:
                     raise  # unloaded (or gone) twice in a row: give up
+        if self._closing:  # shutdown began while this request was being prepared
+            job.cancel()
+            raise ServiceUnavailable("The service is shutting down; send the request again once it is back.")
         assembler = ResponseAssembler(entry.id, response_id=response_id)
         run = ResponseRun(assembler, job, queue, on_done=self._runs.discard, parser=plan.parser())
         self._runs.add(run)
@@ -318,7 +322,7 @@ class Service:
         if not request.items:
             raise InvalidRequest("'input' must contain at least one item.", param="input")
         plan = build_plan(model, request, spec)  # prompt for the model's family, grammar, parser
-        tokens = model.tokenize_prompt(plan.prompt)
+        tokens = model.tokenize_prompt(plan.prompt, at_most=model.context_length)
         window = model.context_length
         if not tokens:
             raise InvalidRequest("The input renders to an empty prompt.", param="input")
@@ -374,7 +378,9 @@ class Service:
 
     # -- shutdown -------------------------------------------------------------------------------
     def cancel_all(self) -> None:
-        """End every running response (shutdown): each stream gets its terminal event."""
+        """End every running response (shutdown): each stream gets its terminal event; responses
+        still being prepared are refused (503) instead of starting."""
+        self._closing = True
         for run in list(self._runs):
             run.cancel()
 
