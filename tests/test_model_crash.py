@@ -27,6 +27,8 @@ import pytest
 from gguf_factory import write_tiny_gguf
 from support import SSE, LiveDaemon, body, events, iter_sse
 
+from lmsp_tray.desktop.backend import DaemonTrayBackend, crash_notification
+
 VICTIM = "victim-test:4m-f32"
 BYSTANDER = "bystander-test:4m-f32"
 SLOW = {"size_label": "4M", "context_length": 4096, "embedding": 256, "blocks": 4, "ffn": 1024}
@@ -176,6 +178,12 @@ def test_a_killed_model_process_fails_its_streams_only(live: LiveDaemon, signum:
         doc = c.get(f"/models/{VICTIM}").json()
         assert doc["state"] == "error" and doc["error"]["code"] == "model_crashed", doc
         assert c.get("/").status_code == 200  # the service answers throughout
+    # The tray's menu shows the reason beside the model, and a notification says it.
+    view = {m.id: m for m in DaemonTrayBackend(live.daemon, autostart=None).snapshot().models}[VICTIM]
+    assert view.state == "error" and says in (view.error or "")
+    note = crash_notification(VICTIM, live.daemon.models.state(VICTIM)[1])
+    assert note is not None and VICTIM in note and says in note
+    assert crash_notification(BYSTANDER, live.daemon.models.state(BYSTANDER)[1]) is None
     wait_for(lambda: not _alive(pid))
     serves_again(live)
     assert victim_pid(live) != pid

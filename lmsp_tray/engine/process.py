@@ -144,12 +144,16 @@ class ModelProcess:
             raise
         self.loaded_at = time.time()
         self.load_seconds = time.monotonic() - started
-        self.context_length = int(facts["context_length"])
-        self.parallel = int(facts["parallel"])
-        self._admission = Admission(self.parallel, options.max_queue)
-        self.placement = Placement(**facts["placement"])
-        t = facts["template"]
-        self.template = ChatTemplate(t["source"], t["name"], t["bos_token"], t["eos_token"], model_id=entry.id)
+        try:
+            self.context_length = int(facts["context_length"])
+            self.parallel = int(facts["parallel"])
+            self._admission = Admission(self.parallel, options.max_queue)
+            self.placement = Placement(**facts["placement"])
+            t = facts["template"]
+            self.template = ChatTemplate(t["source"], t["name"], t["bos_token"], t["eos_token"], model_id=entry.id)
+        except (KeyError, TypeError, ValueError) as exc:
+            self.close()
+            raise ModelLoadFailed(f"Could not load '{entry.id}': the model process answered oddly ({exc}).") from None
         log.info("%s runs in process %d (loaded in %.2fs)", self.id, self.pid, self.load_seconds)
 
     # -- LoadedModel ----------------------------------------------------------------------------

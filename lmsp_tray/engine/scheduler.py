@@ -12,7 +12,7 @@ evaluates what is new. Cancellation (client gone) is checked before every
 step, so a cancelled request stops within one decode step.
 
 Nothing slow runs on this thread besides decoding: a request's grammar is
-compiled before it gets here (`model.GrammarBuilder` hands over `Prepared`
+compiled before it gets here (`grammars.GrammarBuilder` hands over `Prepared`
 samplers), so a huge grammar never stalls the sequences already decoding.
 After each step `on_step` runs once (a model process flushes the step's
 deltas to the service in one write).
