@@ -144,9 +144,8 @@ class Sampler:
         single = llama_cpp.llama_token_data_array(one, 1, -1, False)
         llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(single))
         if one[0].logit == float("-inf"):  # the grammar says no: sample again among what it allows
-            token = self._shortlist_pick(ctx, index)
-            if token is None:
-                token = self._pick(ctx, index, grammar_first=True)
+            shortlisted = self._shortlist_pick(ctx, index)
+            token = self._pick(ctx, index, grammar_first=True) if shortlisted is None else shortlisted
         llama_cpp.llama_sampler_accept(self._grammar, token)
         llama_cpp.llama_sampler_accept(self._chain, token)
         return token
