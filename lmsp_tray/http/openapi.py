@@ -63,7 +63,7 @@ PROBLEMS = {
     "422": "The Idempotency-Key was used with another body (idempotency_key_reused).",
     "429": "Too many requests (too_many_requests); see Retry-After.",
     "500": "An unexpected error (internal_error); details are only in the service log.",
-    "503": "The model cannot serve now (model_load_failed, service_unavailable).",
+    "503": "The model cannot serve now (model_load_failed, model_crashed, service_unavailable).",
     "507": "Not enough memory to load the model (insufficient_memory).",
 }
 
