@@ -251,7 +251,10 @@ class Service:
         """Everything that can fail before the first event; `response_id` is fixed in advance for tasks."""
         entry = self.entry(request.model, param="model")
         self._check_capabilities(entry, request)
-        spec = self._prepare(request)  # tools, tool_choice, schemas, tool results: checked before loading
+        # Tools, tool_choice, schemas, tool results: checked before loading; compiling schemas into a
+        # grammar can take tens of milliseconds (a long enum), so that happens off the event loop.
+        grammar_work = bool(request.tools) or request.json_schema is not None
+        spec = await asyncio.to_thread(self._prepare, request) if grammar_work else self._prepare(request)
         keep_alive = self._keep_alive(request)
         for attempt in range(2):
             model = self.models.use_if_loaded(entry.id, keep_alive=keep_alive)
