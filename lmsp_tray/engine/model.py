@@ -257,9 +257,11 @@ class LlamaModel:
         """The most bytes of text one token can stand for (its piece, or its text when it is special)."""
         if self._longest_piece is None:
             longest = 1
+            buf = ctypes.create_string_buffer(256)  # not the scheduler's buffer: this runs on another thread
             for token in range(self.n_vocab):
                 raw = llama_cpp.llama_vocab_get_text(self.vocab, token) or b""
-                longest = max(longest, len(raw), len(self.piece(token)), len(self.piece(token, special=True)))
+                n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 256, 0, True)
+                longest = max(longest, len(raw), abs(n))  # negative: the size it would need
             self._longest_piece = longest + 1  # and the space a tokenizer may put in front
         return self._longest_piece
 
