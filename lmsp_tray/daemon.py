@@ -309,6 +309,9 @@ class Daemon:
             return
         log.error("the service did not stop within %.0f s; exiting now", EXIT_DEADLINE_S)
         remove_discovery_file(self.paths)
+        closing = threading.Thread(target=self.db.close, name="lmsp-last-commit", daemon=True)
+        closing.start()  # what is already queued for the store still gets a few seconds to land
+        closing.join(3.0)
         logging.shutdown()
         os._exit(0)
 
