@@ -115,6 +115,7 @@ class ModelProcess:
         try:
             self._proc = subprocess.Popen(
                 list(command or worker.command()),
+                cwd=worker.home(),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

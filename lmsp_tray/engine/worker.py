@@ -45,10 +45,16 @@ log = logging.getLogger("lmsp_tray.engine.worker")
 
 
 def command() -> list[str]:
-    """How the service starts a model process."""
+    """How the service starts a model process (run it in `home()`)."""
     if getattr(sys, "frozen", False):  # the PyInstaller program: its own executable
         return [sys.executable, WORKER_FLAG]
     return [sys.executable, "-m", "lmsp_tray", WORKER_FLAG]
+
+
+def home() -> str:
+    """Where a model process starts: the folder this very `lmsp_tray` package was imported from, so
+    `-m lmsp_tray` finds the same code whatever the service's working directory holds."""
+    return str(Path(__file__).resolve().parent.parent.parent)
 
 
 def load_spec(entry: ModelEntry, options: LoadOptions, plan: LoadPlan, log_level: int) -> dict[str, Any]:
@@ -56,10 +62,10 @@ def load_spec(entry: ModelEntry, options: LoadOptions, plan: LoadPlan, log_level
     return {
         "entry": {
             "id": entry.id,
-            "path": str(entry.path),
+            "path": os.path.abspath(entry.path),  # the model process starts in another folder
             "source": entry.source,
             "size_bytes": entry.size_bytes,
-            "files": [str(f) for f in entry.files],
+            "files": [os.path.abspath(f) for f in entry.files],
             "info": dataclasses.asdict(entry.info) if entry.info else None,
         },
         "options": dataclasses.asdict(options),
