@@ -51,9 +51,12 @@ def command() -> list[str]:
     return [sys.executable, "-m", "lmsp_tray", WORKER_FLAG]
 
 
-def home() -> str:
+def home() -> str | None:
     """Where a model process starts: the folder this very `lmsp_tray` package was imported from, so
-    `-m lmsp_tray` finds the same code whatever the service's working directory holds."""
+    `-m lmsp_tray` finds the same code whatever the service's working directory holds (a frozen
+    program carries its code inside: None, the service's own folder)."""
+    if getattr(sys, "frozen", False):
+        return None
     return str(Path(__file__).resolve().parent.parent.parent)
 
 
