@@ -1,7 +1,7 @@
 """Throughput side by side: single stream, 1/2/4/8 concurrent streams, and a 10-turn conversation.
 
     benchmarks/build_llama_server.sh            # once (~15 min on 2 cores; cached)
-    .venv/bin/python benchmarks/throughput.py [--tokens 96] [--rounds 5] [--quick]
+    .venv/bin/python benchmarks/throughput.py [--tokens 96] [--rounds 5] [--levels 1,2,4,8] [--quick]
 
 Peers, all on the Gemma 3 270M file from PyPI, the same rendered prompts,
 temperature 0 and the same thread count, runs interleaved:
@@ -178,8 +178,9 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--conversations", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="1 round, concurrency 1 and 4 only")
+    parser.add_argument("--levels", default="1,2,4,8", help="concurrency levels (must include 4)")
     args = parser.parse_args()
-    levels = [1, 4] if args.quick else [1, 2, 4, 8]
+    levels = [1, 4] if args.quick else [int(n) for n in args.levels.split(",")]
     rounds = 1 if args.quick else args.rounds
     binary = Path(
         subprocess.run(

@@ -122,6 +122,7 @@ class Config:
     max_loaded_models: int = 3
     memory_budget_fraction: float = 0.75  # of RAM (and VRAM) that loaded models may use
     max_request_bytes: int = 8 * 1024 * 1024
+    max_grammar_bytes: int = 512 * 1024  # GBNF a request's schemas and tools may compile to (else 400)
     event_retention: float = 86400.0  # a finished task's events (then 410 event_history_expired)
     stored_response_ttl: float | None = None  # stored responses (`store: true`); None: until deleted
     task_ttl: float | None = None  # finished tasks themselves; None: until deleted

@@ -56,8 +56,7 @@ from lmsp_tray.discovery.catalog import Catalog
 from lmsp_tray.discovery.sources import default_sources, huggingface_hub_dir
 from lmsp_tray.discovery.watch import FolderWatcher
 from lmsp_tray.engine.load_plan import MAX_DEFAULT_PARALLEL, LoadOptions
-from lmsp_tray.engine.manager import DEFAULT, MemoryBudget, ModelManager
-from lmsp_tray.engine.model import gpu_free
+from lmsp_tray.engine.manager import DEFAULT, MemoryBudget, ModelManager, gpu_free
 from lmsp_tray.engine.runtime import Runtime, physical_cores
 from lmsp_tray.http.app import create_app
 from lmsp_tray.http.console_routes import CONSOLE_PATH, ConsoleParts
@@ -87,6 +86,8 @@ from lmsp_tray.store import Database, Housekeeper, LastUsedBatcher
 from lmsp_tray.store.idempotency_keys import IDEMPOTENCY_TTL_S
 
 log = logging.getLogger("lmsp_tray.daemon")
+
+EXIT_DEADLINE_S = 20.0  # after SIGTERM/SIGINT, the longest a clean stop may take before the process just exits
 
 
 class _Server(uvicorn.Server):
@@ -409,6 +410,10 @@ class Daemon:
         finally:
             await self.tasks.stop()  # running tasks write their terminal events before the loop ends
             await self.downloads.stop()  # running downloads pause (queued again, resumed at the next start)
+            # Model processes end while the loop still runs: no model thread calls into a closed loop,
+            # and calls waiting on a model (tokenizing a huge input) fail now instead of holding the
+            # executor that asyncio.run waits for.
+            await asyncio.to_thread(self.models.close)
 
     def serve_forever(self, sock: socket.socket) -> None:
         """Serve in the foreground until SIGTERM/SIGINT (headless mode)."""
@@ -416,8 +421,15 @@ class Daemon:
 
         def on_signal(signum: int, _frame: Any) -> None:
             log.info("received %s, shutting down", signal.Signals(signum).name)
+            if stop.is_set():
+                return
             self.request_stop()
             stop.set()
+            threading.Thread(
+                target=self._exit_deadline, args=(serve_done,), name="lmsp-exit-deadline", daemon=True
+            ).start()
+
+        serve_done = threading.Event()
 
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
@@ -425,7 +437,24 @@ class Daemon:
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
-            self.close()
+            try:
+                self.close()
+            finally:
+                serve_done.set()
+
+    def _exit_deadline(self, done: threading.Event) -> None:
+        """Whatever the load, a stop requested by a signal ends the process within EXIT_DEADLINE_S:
+        past it, the discovery file goes and the process exits (unfinished tasks are ended at the
+        next start, as after a crash)."""
+        if done.wait(EXIT_DEADLINE_S):
+            return
+        log.error("the service did not stop within %.0f s; exiting now", EXIT_DEADLINE_S)
+        remove_discovery_file(self.paths)
+        closing = threading.Thread(target=self.db.close, name="lmsp-last-commit", daemon=True)
+        closing.start()  # what is already queued for the store still gets a few seconds to land
+        closing.join(3.0)
+        logging.shutdown()
+        os._exit(0)
 
     def start_background(self, sock: socket.socket) -> None:
         """Serve on a background thread (under the tray, and in tests); returns once listening."""

@@ -145,9 +145,38 @@ class ServiceUnavailable(LMSPError):
     code, status, title = "service_unavailable", 503, "Service unavailable"
 
 
+class ModelCrashed(LMSPError):
+    """The process running a model died (a file changed under it, llama.cpp aborted, out of memory);
+    the service and the other models keep running, and the next request loads the model again."""
+
+    code, status, title = "model_crashed", 503, "Model crashed"
+
+
 class ServiceRestarted(LMSPError):
     code, status, title = "service_restarted", 500, "Service restarted"
 
 
 class InsufficientMemory(LMSPError):
     code, status, title = "insufficient_memory", 507, "Insufficient memory"
+
+
+def _classes() -> dict[str, type[LMSPError]]:
+    found: dict[str, type[LMSPError]] = {}
+    todo: list[type[LMSPError]] = [LMSPError]
+    while todo:
+        cls = todo.pop()
+        found.setdefault(cls.code, cls)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+def error_from_problem(problem: dict[str, Any], *, headers: dict[str, str] | None = None) -> LMSPError:
+    """The error a problem document describes (how a model process reports one to the service)."""
+    known = ("type", "title", "status", "detail", "code", "param")
+    cls = _classes().get(str(problem.get("code") or ""), InternalError)
+    return cls(
+        str(problem.get("detail") or "The model failed."),
+        param=problem.get("param"),
+        headers=headers,
+        extra={k: v for k, v in problem.items() if k not in known},
+    )

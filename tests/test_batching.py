@@ -120,22 +120,11 @@ def test_short_request_is_not_starved_by_a_long_one(daemon_factory) -> None:
     assert order == ["short", "long"]
 
 
-def test_newcomer_prompt_is_chunked_so_running_streams_keep_flowing(daemon_factory, monkeypatch) -> None:
+def test_newcomer_prompt_is_chunked_so_running_streams_keep_flowing(daemon_factory) -> None:
     """A long prompt arriving while a stream runs is evaluated in chunks, each decoded together with
-    the running stream's next token — never as one big batch that would stall the stream."""
-    import llama_cpp
-
-    from lmsp_tray.engine import scheduler as scheduler_module
-
+    the running stream's next token — never as one big batch that would stall the stream. The model
+    process reports the size of each recent decode batch."""
     live = daemon_factory(parallel=2)
-    batches: list[int] = []
-    real_decode = llama_cpp.llama_decode
-
-    def recording_decode(ctx, batch):  # the real llama_decode; only the batch sizes are noted
-        batches.append(batch.n_tokens)
-        return real_decode(ctx, batch)
-
-    monkeypatch.setattr(scheduler_module.llama_cpp, "llama_decode", recording_decode)
     started = threading.Event()
     done = threading.Event()
 
@@ -148,15 +137,19 @@ def test_newcomer_prompt_is_chunked_so_running_streams_keep_flowing(daemon_facto
     worker = threading.Thread(target=stream_a)
     worker.start()
     assert started.wait(60)
+    model = live.daemon.models.get(SLOW_ID)
+    assert model is not None
+    before = model.stats().steps
     long_prompt = "the local model service " * 60  # ~1440 tokens with the tiny vocabulary
-    before = len(batches)
     with httpx.Client(base_url=live.url, timeout=300, headers=live.auth_headers) as c:
         r = c.post("/responses", json=body(long_prompt, model=SLOW_ID, max_output_tokens=2))
         assert r.status_code == 200, r.text
+    stats = model.stats(batches=True)
     done.set()
     worker.join(300)
+    batches = list(stats.batch_sizes)[-(stats.steps - before) :]
     prompt_tokens = r.json()["usage"]["input_tokens"]
-    mixed = [n for n in batches[before:] if n > 1]  # steps carrying part of the newcomer's prompt
+    mixed = [n for n in batches if n > 1]  # steps carrying part of the newcomer's prompt
     assert prompt_tokens > 1000
     assert max(mixed) <= 256 + 1  # a chunk plus the running stream's token
     assert sum(n - 1 for n in mixed) >= prompt_tokens - 1  # the whole prompt went through in those chunks

@@ -12,9 +12,9 @@ from chat_templates import DEEPSEEK_R1, LLAMA31, MISTRAL, QWEN3
 from gguf_factory import CHATML_TEMPLATE, write_tiny_gguf
 
 from lmsp_tray.chat import dialects
-from lmsp_tray.chat.trigger import CallTrigger
 from lmsp_tray.engine.templates import BUILTIN_TEMPLATES, ChatTemplate
 from lmsp_tray.engine.textstream import GrammarUTF8Decoder, TextStream
+from lmsp_tray.engine.trigger import CallTrigger
 from lmsp_tray.protocol.requests import FunctionCall, FunctionCallOutput, Message, Tool
 
 TOOL = Tool("get_weather", "Weather now.", {"type": "object", "properties": {"city": {"type": "string"}}})

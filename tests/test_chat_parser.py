@@ -20,7 +20,7 @@ R1 = ParserConfig(think=THINK, start_in_think=True)
 
 
 def parse(cfg: ParserConfig, text: str, *, live: bool = False, size: int | None = None) -> list[Op]:
-    parser = OutputParser(cfg, lambda: live)
+    parser = OutputParser(cfg, constrained=live)
     pieces = [text] if size is None else [text[i : i + size] for i in range(0, len(text), size)]
     ops: list[Op] = []
     for piece in pieces:
@@ -169,7 +169,7 @@ def test_formats_and_malformed_output(cfg: ParserConfig, text: str, expected: li
 
 
 def test_live_call_streams_arguments_and_may_be_cut_short() -> None:
-    parser = OutputParser(QWEN, lambda: True)
+    parser = OutputParser(QWEN, constrained=True)
     ops = parser.feed('<tool_call>\n{"name": "get_weather", "arguments": {"ci')
     assert ops == [("call", "get_weather"), ("args", '{"ci')]
     assert parser.feed('ty": "Pa') == [("args", 'ty": "Pa')]
@@ -188,7 +188,7 @@ def test_ops_drive_the_assembler() -> None:
     asm = ResponseAssembler("m")
     asm.start()
     text = '<think>plan</think><tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
-    parser = OutputParser(QWEN, lambda: True)
+    parser = OutputParser(QWEN, constrained=True)
     events = apply(asm, parser.feed(text) + parser.finish())
     events += asm.complete(3, 4)
     names = [e.name for e in events]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lmsp_tray.discovery.entry import GGUFInfo, ModelEntry
-from lmsp_tray.engine.jobs import ERROR, STOP, Finish, GenerationJob
+from lmsp_tray.engine.jobs import ERROR, STOP, Finish, GenerationJob, GrammarOn
 from lmsp_tray.engine.model import LlamaModel, LoadOptions
 from lmsp_tray.engine.runtime import Runtime
 from lmsp_tray.engine.sampling import SamplingParams
@@ -34,7 +34,10 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaModel]:
     loaded.close()
 
 
-def run(model: LlamaModel, sampling: SamplingParams, max_tokens: int = 40, **job: object) -> tuple[str, Finish]:
+def run(
+    model: LlamaModel, sampling: SamplingParams, max_tokens: int = 40, items: list | None = None, **job: object
+) -> tuple[str, Finish]:
+    """Run one job; `items` receives everything the sink got, in order."""
     out: queue.Queue = queue.Queue()
     model.submit(
         GenerationJob(prompt=model.tokenize("hello"), sampling=sampling, max_tokens=max_tokens, sink=out.put, **job)
@@ -42,22 +45,42 @@ def run(model: LlamaModel, sampling: SamplingParams, max_tokens: int = 40, **job
     text = []
     while True:
         item = out.get(timeout=60)
+        if items is not None:
+            items.append(item)
         if isinstance(item, Finish):
             return "".join(text), item
-        text.append(item)
+        if isinstance(item, str):
+            text.append(item)
+
+
+class AtThirdToken:
+    """A lazy grammar whose trigger fires at the third token, switching on rule `tail`."""
+
+    roots = ("tail",)
+
+    def __init__(self) -> None:
+        self.seen: list[bytes] = []
+
+    def start(self):
+        def trigger(piece: bytes) -> str | None:
+            self.seen.append(piece)
+            return "tail" if len(self.seen) == 3 else None
+
+        return trigger
 
 
 def test_lazy_grammar_switches_on_when_the_trigger_says(model: LlamaModel) -> None:
-    seen: list[bytes] = []
-
-    def trigger(piece: bytes) -> str | None:
-        seen.append(piece)
-        return "tail" if len(seen) == 3 else None
-
+    lazy = AtThirdToken()
     grammar = 'root ::= "never"\ntail ::= "[done]"'
-    text, finish = run(model, SamplingParams(seed=1, grammar=grammar), grammar_trigger=trigger)
+    items: list = []
+    text, finish = run(model, SamplingParams(seed=1, grammar=grammar), grammar_trigger=lazy, items=items)
     assert finish.reason == STOP and text.endswith("[done]")  # free for three tokens, then the rule
-    assert finish.output_tokens >= 4 and len(seen) == 3
+    assert finish.output_tokens >= 4 and len(lazy.seen) == 3
+    # The switch is told in order, before the text decoded under the grammar (the parser reads it so).
+    on = items.index(GrammarOn("tail"))
+    before = [i for i in items[:on] if isinstance(i, str)]
+    after = "".join(i for i in items[on:] if isinstance(i, str))
+    assert len(before) <= 2 and after.endswith("[done]")  # the third token's text comes after the switch
 
 
 def test_a_grammar_with_no_way_on_fails_the_request_not_the_engine(model: LlamaModel) -> None:

@@ -102,3 +102,63 @@ def test_penalties_and_grammars_keep_the_chain(tiny: LlamaModel) -> None:
             assert sampler._argmax is expected, params
         finally:
             sampler.close()
+
+
+def _lockstep(model: LlamaModel, params: SamplingParams, prompt: str, steps: int) -> tuple[list[int], int]:
+    """Sample with the shortlist and, on the same logits, with the grammar over the whole vocabulary;
+    returns the tokens (they must agree at every step) and how many re-samples the shortlist settled."""
+    llama_cpp.llama_memory_clear(model.memory, True)
+    quick, whole = Sampler(model.vocab, params), Sampler(model.vocab, params)
+    whole._enough = None  # never a shortlist: the grammar sees all 262k tokens
+    settled = 0
+    real = quick._shortlist_pick
+
+    def counted(ctx, index):
+        nonlocal settled
+        token = real(ctx, index)
+        settled += token is not None
+        return token
+
+    quick._shortlist_pick = counted  # type: ignore[method-assign]
+    tokens = model.tokenize(prompt)
+    _decode(model, tokens, 0)
+    picked = []
+    try:
+        for step in range(steps):
+            token = quick.sample(model.ctx, -1)
+            assert token == whole.sample(model.ctx, -1), (params, step)
+            if model.is_eog(token):
+                break
+            picked.append(token)
+            _decode(model, [token], len(tokens) + step)
+    finally:
+        quick.close()
+        whole.close()
+    return picked, settled
+
+
+@pytest.mark.gemma
+def test_grammar_shortlists_pick_what_the_whole_vocabulary_would(gemma: LlamaModel) -> None:
+    """A rejected free pick is re-sampled among the most likely tokens when that is provably the same
+    pick: greedy and seeded sampling, a 3,000-value enum (a prefix tree) and a JSON object schema."""
+    from lmsp_tray.chat.gbnf import Grammar
+    from lmsp_tray.chat.schema import SchemaCompiler
+
+    words = [f"{a}{b}{c}" for a in "bcdfgklmnprst" for b in "aeiou" for c in "bdgklmnprstvxz"][:3000]
+    schemas = [
+        {"type": "object", "properties": {"pick": {"enum": words}}, "required": ["pick"]},
+        {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}}},
+    ]
+    prompt = "<start_of_turn>user\nAnswer in JSON.<end_of_turn>\n<start_of_turn>model\n"
+    settled_total = 0
+    for schema in schemas:
+        g = Grammar()
+        rule = SchemaCompiler(g, schema).compile()
+        for params in (
+            SamplingParams(temperature=0.0, grammar=g.text(rule), grammar_root=rule),
+            SamplingParams(temperature=0.8, seed=7, grammar=g.text(rule), grammar_root=rule),
+        ):
+            picked, settled = _lockstep(gemma, params, prompt, 24)
+            assert picked
+            settled_total += settled
+    assert settled_total > 0  # the shortlist really decided some re-samples

@@ -136,6 +136,51 @@ class Grammar:
         return "\n".join(f"{name} ::= {body}" for name, body in self.rules.items() if name in keep)
 
 
+def literal_trie(texts: list[str]) -> str:
+    """A GBNF expression matching exactly one of `texts` (non-empty strings), as a prefix tree.
+
+    A flat alternation of N literals makes llama.cpp's grammar carry N parse stacks at once and
+    compare them pairwise on every token (quadratic: a 12,000-value enum took seconds per token).
+    Sharing prefixes keeps the stacks to the branches at the current point: `"a" ("pple" | "rt")`
+    instead of `"apple" | "art"`. Built without recursion (values may be long)."""
+    root: dict = {}
+    for text in dict.fromkeys(texts):
+        if not text:
+            raise ValueError("literal_trie needs non-empty texts")
+        node = root
+        for ch in text:
+            node = node.setdefault(ch, {})
+        node[None] = True  # a text ends here
+
+    def edges(node: dict) -> list[tuple[str, dict]]:
+        """(label, node below it) for each way on, single-child chains merged into one label."""
+        out = []
+        for ch in sorted(k for k in node if k is not None):
+            label, below = [ch], node[ch]
+            while None not in below and len(below) == 1:
+                ((nxt, below),) = below.items()
+                label.append(nxt)
+            out.append(("".join(label), below))
+        return out
+
+    groups: dict[int, str] = {}
+    stack: list[tuple[dict, list[tuple[str, dict]] | None]] = [(root, None)]
+    while stack:
+        node, ways = stack.pop()
+        if ways is None:  # first visit: its branches first
+            ways = edges(node)
+            stack.append((node, ways))
+            stack.extend((below, None) for _, below in ways if len(below) > (1 if None in below else 0))
+            continue
+        alts = [literal(label) + (f" {groups[id(below)]}" if id(below) in groups else "") for label, below in ways]
+        body = " | ".join(alts)
+        if None in node:
+            groups[id(node)] = f"({body})?"
+        else:
+            groups[id(node)] = body if len(alts) == 1 else f"({body})"
+    return groups[id(root)]
+
+
 # ---------------------------------------------------------------------------------------------
 # Integer and number ranges
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,9 +182,9 @@ class _ObjectCall:
 class OutputParser:
     """Turns text deltas into item operations; `feed()` per delta, `finish()` at the end."""
 
-    def __init__(self, config: ParserConfig, constrained: Callable[[], bool] = lambda: False) -> None:
+    def __init__(self, config: ParserConfig, *, constrained: bool = False) -> None:
         self.cfg = config
-        self._constrained = constrained
+        self._constrained = constrained  # decoding is under a grammar (from the start, or since grammar_on)
         self._buf = ""
         self._state = "reasoning" if config.think and config.start_in_think else "message"
         self._segment_text = False  # message text emitted since the last item boundary
@@ -205,6 +204,11 @@ class OutputParser:
         if config.syntax:
             markers.append(config.syntax.open)
         self._markers = markers
+
+    def grammar_on(self) -> None:
+        """The model switched its lazy grammar on: the call that opens next is constrained. Told in
+        order with the text (the engine sends it before the text holding the call marker)."""
+        self._constrained = True
 
     @property
     def passthrough(self) -> bool:
@@ -328,7 +332,7 @@ class OutputParser:
         self._done = 0
         self._obj = None
         self._bracket = False
-        self._live = self._constrained()
+        self._live = self._constrained
         self._items += 1
 
     def _take(self, n: int) -> None:

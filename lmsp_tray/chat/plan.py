@@ -1,4 +1,4 @@
-"""One request's chat plan: the prompt, the grammar, the lazy trigger and the output parser.
+"""One request's chat plan: the prompt, the grammar, the lazy grammar's markers and the output parser.
 
 `prepare()` runs before a model is loaded and checks everything a client can
 get wrong (tool definitions, `tool_choice`, JSON Schemas, `call_id`s of tool
@@ -8,7 +8,8 @@ the conversation for the loaded model's family and assembles the grammar:
 - `tool_choice` `required` or a named function: decoding starts constrained
   to the family's call syntax with schema-valid arguments;
 - `auto`: free text, and once the model writes the family's call-open marker
-  a lazy grammar constrains the rest of the call (`CallTrigger`);
+  a lazy grammar constrains the rest of the call (the engine watches for the
+  marker, `engine.trigger`, and says when it switched the grammar on);
 - structured output: the JSON of the schema, after an optional (or, when the
   prompt already opened one, mandatory) thinking block;
 - `none`: no tools in the prompt and no call parsing.
@@ -26,7 +27,6 @@ from lmsp_tray.chat.dialects import CallSyntax, Dialect
 from lmsp_tray.chat.gbnf import Grammar, literal, text_without
 from lmsp_tray.chat.parser import OutputParser, ParserConfig
 from lmsp_tray.chat.schema import SchemaCompiler, SchemaError, path_text
-from lmsp_tray.chat.trigger import CallTrigger
 from lmsp_tray.errors import InvalidRequest
 from lmsp_tray.protocol.requests import FunctionCall, FunctionCallOutput, ResponseRequest, Tool
 
@@ -229,17 +229,10 @@ class ChatPlan:
     visible_tokens: frozenset[int] = frozenset()
     dialect: Dialect | None = None
 
-    def trigger(self) -> CallTrigger | None:
-        if not self.lazy_roots:
-            return None
-        cfg = self.parser_config
-        return CallTrigger(self.lazy_roots, cfg.think, cfg.start_in_think)
-
-    def parser(self, trigger: CallTrigger | None = None) -> OutputParser:
-        if self.lazy_roots:
-            return OutputParser(self.parser_config, (lambda: trigger.fired) if trigger else (lambda: False))
-        constrained = self.grammar is not None
-        return OutputParser(self.parser_config, lambda: constrained)
+    def parser(self) -> OutputParser:
+        """The output parser: constrained from the start under a grammar that is on from the start;
+        under a lazy grammar it is told when the grammar switches on (`OutputParser.grammar_on`)."""
+        return OutputParser(self.parser_config, constrained=self.grammar is not None and not self.lazy_roots)
 
 
 def build_plan(model: ChatModel, request: ResponseRequest, spec: OutputSpec) -> ChatPlan:

@@ -19,7 +19,7 @@ import json
 import math
 from typing import Any
 
-from lmsp_tray.chat.gbnf import FORMATS, Grammar, format_rule, integer_range, literal, number_range
+from lmsp_tray.chat.gbnf import FORMATS, Grammar, format_rule, integer_range, literal, literal_trie, number_range
 
 Path = tuple[str | int, ...]
 
@@ -76,6 +76,7 @@ NOT_ENFORCEABLE = {
     "$recursiveRef": "$recursiveRef cannot be enforced; use $ref",
 }
 MAX_RULES = 4000
+TRIE_FROM_VALUES = 16  # enums longer than this compile to a prefix tree of their values
 BIG = 10**15  # bounds beyond this are treated as no bound (generated numbers stay far below)
 
 
@@ -132,7 +133,7 @@ class SchemaCompiler:
 
     def visit(self, schema: Any, path: Path, name: str) -> str:
         if len(self.grammar.rules) > MAX_RULES:
-            raise SchemaError(path, "the schema is too large to enforce")
+            raise SchemaError(path, f"the schema is too large to enforce (over {MAX_RULES:,} grammar rules)")
         if schema is True or schema == {}:
             return self.grammar.primitive("value")
         if schema is False:
@@ -318,8 +319,10 @@ class SchemaCompiler:
         if not values:
             raise SchemaError(path + (key,), f"no value of '{key}' satisfies the rest of the schema")
         self.grammar.primitive("space")
-        alts = [literal(json.dumps(v, ensure_ascii=False, separators=(",", ":"))) for v in values]
-        return self.grammar.add(name, "(" + " | ".join(dict.fromkeys(alts)) + ") space")
+        texts = list(dict.fromkeys(json.dumps(v, ensure_ascii=False, separators=(",", ":")) for v in values))
+        if len(texts) > TRIE_FROM_VALUES:  # shared prefixes: llama.cpp then tracks a few stacks, not N
+            return self.grammar.add(name, f"({literal_trie(texts)}) space")
+        return self.grammar.add(name, "(" + " | ".join(literal(t) for t in texts) + ") space")
 
     # -- typed schemas --------------------------------------------------------------------------
     def _typed(self, schema: dict[str, Any], kind: str, path: Path, name: str) -> str:

@@ -21,7 +21,9 @@ line and a notification and serves headless. A second launch opens the menu.
 pairing requests and keyring trouble: see `tray_hooks()` below. A new pairing
 request raises a notification with Approve/Deny buttons where the notification
 server has actions (else it points to the menu); keyring trouble and its
-recovery raise one each.
+recovery raise one each, and so does a model whose process crashed (what
+happened, and that the next request loads it again); the menu shows the reason
+beside the model.
 """
 
 from __future__ import annotations
@@ -186,6 +188,14 @@ def download_notification(status: Any) -> str | None:
     return None
 
 
+def crash_notification(model_id: str, error: Any) -> str | None:
+    """The desktop notification for a model whose process died (None for other errors: a failed
+    load answers the click or request that caused it)."""
+    if getattr(error, "code", None) != "model_crashed":
+        return None
+    return clean_text(f"{getattr(error, 'detail', '') or model_id + ' stopped.'}", 240)
+
+
 # -- the backend ------------------------------------------------------------------------------------
 
 
@@ -245,10 +255,8 @@ class DaemonTrayBackend:
         reason = None
         if state == MODEL_ERROR:
             reason = (error.detail if isinstance(error, LMSPError) else str(error or "")) or "could not load"
-        generating = False
         loaded = self.daemon.models.get(entry.id)
-        if loaded is not None and loaded.scheduler is not None:
-            generating = loaded.scheduler.busy
+        generating = loaded is not None and loaded.busy
         return ModelView(entry.id, entry.size_bytes, quantization, state, reason, generating, file_name)
 
     def _session_token(self) -> bool:
@@ -439,6 +447,14 @@ def run_tray(
     watch_pairings(app, backend)
     watch_keyring(app, daemon)
     _notify_downloads(daemon, app)
+
+    def notify_crash(model_id: str, state: str) -> None:
+        if state == MODEL_ERROR:
+            message = crash_notification(model_id, daemon.models.state(model_id)[1])
+            if message is not None:
+                app.notify(message)
+
+    daemon.models.subscribe(notify_crash)
     try:
         try:
             return app.run()

@@ -1,9 +1,15 @@
 """What the service hands a model to generate, and how the model reports back.
 
 A `GenerationJob` carries the prompt tokens, sampling, limits and a `sink`
-callback. The scheduler thread calls the sink with text deltas as tokens are
-decoded and once with a `Finish`. The sink must be cheap and thread-safe
-(the service's sink just hands the item to the event loop).
+callback. The model calls the sink, in its own thread, with text deltas as
+tokens are decoded, with `GrammarOn` when a lazy grammar switches on (so the
+output parser knows, in order with the text, that what follows is
+constrained), and once with a `Finish`. The sink must be cheap and
+thread-safe (the service's sink just hands the item to the event loop).
+
+The same job runs in this process (`model.LlamaModel`) or in a model process
+(`process.ModelProcess`); everything in it is plain data so that it can be
+sent there, except the sink and the cancel hook, which stay on this side.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from lmsp_tray.engine.sampling import SamplingParams
 from lmsp_tray.errors import LMSPError
@@ -33,10 +40,29 @@ class Finish:
     error: LMSPError | None = None
 
 
-TextSink = Callable[[str | Finish], None]
-# Called in the scheduler thread with each token's bytes; returns the grammar rule to switch
+@dataclass(frozen=True)
+class GrammarOn:
+    """A lazy grammar switched on: the text that follows is decoded under it."""
+
+    root: str
+
+
+TextSink = Callable[[str | GrammarOn | Finish], None]
+# Called in the model's thread with each token's bytes; returns the grammar rule to switch
 # `sampling.grammar` on from (a lazy grammar), or None to keep decoding freely.
 GrammarTrigger = Callable[[bytes], str | None]
+
+
+class LazyGrammar(Protocol):
+    """When a job's grammar switches on: `start()` makes the per-job trigger.
+
+    `roots` names every rule a trigger may switch on from (so the grammar can be
+    compiled before the job runs); empty when unknown in advance."""
+
+    @property
+    def roots(self) -> tuple[str, ...]: ...  # pragma: no cover
+
+    def start(self) -> GrammarTrigger: ...  # pragma: no cover
 
 
 @dataclass(eq=False)
@@ -48,19 +74,24 @@ class GenerationJob:
     stop: Sequence[str] = ()
     # Stop when one of these token ids is produced, besides the model's end-of-generation tokens.
     stop_tokens: frozenset[int] = frozenset()
-    # With a trigger, `sampling.grammar` is off until the trigger names the rule to start from.
-    grammar_trigger: GrammarTrigger | None = None
+    # With a lazy grammar, `sampling.grammar` is off until its trigger names the rule to start from.
+    grammar_trigger: LazyGrammar | None = None
     # Control tokens whose text is part of the output (call and thinking markers the parser reads).
     visible_tokens: frozenset[int] = frozenset()
     # Filled in and read across threads:
     cancel_event: threading.Event = field(default_factory=threading.Event)
+    on_cancel: Callable[[], None] | None = None  # set by a model that runs the job elsewhere
     submitted_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None  # when its prompt started to be evaluated
     first_token_at: float | None = None
 
     def cancel(self) -> None:
-        """Ask the scheduler to stop this job; it stops within one decode step."""
+        """Ask the model to stop this job; it stops within one decode step."""
+        if self.cancel_event.is_set():
+            return
         self.cancel_event.set()
+        if self.on_cancel is not None:
+            self.on_cancel()
 
     @property
     def cancelled(self) -> bool:

@@ -9,6 +9,13 @@ room, a model with work in progress never is, and a load that cannot fit gets
 `507 insufficient_memory` saying what it needs and what is free. A reaper
 thread unloads models idle longer than their keep-alive. Listeners hear about
 every state change (the tray redraws from them).
+
+How a model is loaded is the `ModelFactory`'s business: the service runs each
+model in a process of its own (`process.ModelProcess`), so when one dies the
+factory's exit callback lands here and the model becomes `error` with the
+reason (`model_crashed`); the next `acquire` loads it again. Tests inject a
+factory of fakes to check the bookkeeping fast (eviction, keep-alive, 429,
+507) and keep the real-llama.cpp tests for the models themselves.
 """
 
 from __future__ import annotations
@@ -19,12 +26,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from lmsp_tray.discovery.entry import ModelEntry
 from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan, plan_load
-from lmsp_tray.engine.model import LlamaModel, gpu_free
+from lmsp_tray.engine.loaded import LoadedModel
 from lmsp_tray.engine.runtime import Runtime, physical_cores
-from lmsp_tray.errors import InsufficientMemory, LMSPError, ModelLoadFailed
+from lmsp_tray.errors import InsufficientMemory, LMSPError, ModelLoadFailed, ServiceUnavailable
 
 log = logging.getLogger("lmsp_tray.engine")
 
@@ -41,10 +49,46 @@ class MemoryBudget:
     vram_bytes: int | None = None
 
 
+ExitCallback = Callable[[LoadedModel, LMSPError], None]
+
+
+class ModelFactory(Protocol):
+    """Loads a model following `plan`; calls `on_exit(model, error)` if the loaded model later dies."""
+
+    def __call__(
+        self, entry: ModelEntry, options: LoadOptions, plan: LoadPlan, on_exit: ExitCallback
+    ) -> LoadedModel: ...  # pragma: no cover
+
+
+def process_factory(entry: ModelEntry, options: LoadOptions, plan: LoadPlan, on_exit: ExitCallback) -> LoadedModel:
+    """Each model in a process of its own (the service's default)."""
+    from lmsp_tray.engine.process import ModelProcess
+
+    return ModelProcess(entry, options, plan, on_exit=on_exit)
+
+
+def in_process_factory(runtime: Runtime) -> ModelFactory:
+    """Models in this process (tests and benchmarks that look inside the scheduler)."""
+
+    def load(entry: ModelEntry, options: LoadOptions, plan: LoadPlan, on_exit: ExitCallback) -> LoadedModel:
+        from lmsp_tray.engine.model import LlamaModel
+
+        return LlamaModel(runtime, entry, options, plan)
+
+    return load
+
+
+def gpu_free(runtime: Runtime | None) -> int | None:
+    """Free memory on the GPUs llama.cpp sees, or None when there is no usable GPU."""
+    if runtime is None or not runtime.has_gpu:
+        return None
+    return sum(d.free_bytes for d in runtime.devices)
+
+
 @dataclass
 class _Record:
     state: str = AVAILABLE
-    model: LlamaModel | None = None
+    model: LoadedModel | None = None
     plan: LoadPlan | None = None
     error: LMSPError | None = None
     keep_alive: float | None = None  # seconds idle before unloading; None: never
@@ -52,8 +96,7 @@ class _Record:
 
     @property
     def busy(self) -> bool:
-        sched = self.model.scheduler if self.model is not None else None
-        return self.state != LOADED or (sched is not None and sched.busy)
+        return self.state != LOADED or (self.model is not None and self.model.busy)
 
 
 def _gb(n: int) -> str:
@@ -63,14 +106,19 @@ def _gb(n: int) -> str:
 class ModelManager:
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: Runtime | None,
         options: LoadOptions,
         *,
         budget: MemoryBudget | None = None,
         keep_alive: float | None = 300.0,
         reap_interval: float = 1.0,
+        factory: ModelFactory = process_factory,
+        cores: int | None = None,
     ) -> None:
+        """`runtime` tells free GPU memory for load plans (None: plan for the CPU)."""
         self._runtime = runtime
+        self._factory = factory
+        self._cores = cores or physical_cores()
         self._options = options
         self._budget = budget or MemoryBudget()
         self._default_keep_alive = keep_alive
@@ -101,12 +149,12 @@ class ModelManager:
             record = self._records.get(model_id)
             return (record.state, record.error) if record else (AVAILABLE, None)
 
-    def get(self, model_id: str) -> LlamaModel | None:
+    def get(self, model_id: str) -> LoadedModel | None:
         with self._lock:
             record = self._records.get(model_id)
             return record.model if record and record.state == LOADED else None
 
-    def use_if_loaded(self, model_id: str, *, keep_alive: float | None | str = DEFAULT) -> LlamaModel | None:
+    def use_if_loaded(self, model_id: str, *, keep_alive: float | None | str = DEFAULT) -> LoadedModel | None:
         """The model if it is loaded right now (marking it used), else None; never blocks on a load."""
         with self._lock:
             record = self._records.get(model_id)
@@ -115,12 +163,12 @@ class ModelManager:
             self._touch(record, keep_alive)
             return record.model
 
-    def loaded(self) -> list[LlamaModel]:
+    def loaded(self) -> list[LoadedModel]:
         with self._lock:
             return [r.model for r in self._records.values() if r.state == LOADED and r.model is not None]
 
     def plan(self, entry: ModelEntry) -> LoadPlan:
-        return plan_load(entry, self._options, gpu_free_bytes=gpu_free(self._runtime), cores=physical_cores())
+        return plan_load(entry, self._options, gpu_free_bytes=gpu_free(self._runtime), cores=self._cores)
 
     def reconfigure(
         self, options: LoadOptions, budget: MemoryBudget, *, keep_alive: float | None | str = DEFAULT
@@ -140,10 +188,12 @@ class ModelManager:
         """Whether the load or unload of `waited` is over (or its record was replaced); under the lock."""
         return self._records.get(model_id) is not waited or waited.state not in (LOADING, UNLOADING)
 
-    def acquire(self, entry: ModelEntry, *, keep_alive: float | None | str = DEFAULT) -> LlamaModel:
+    def acquire(self, entry: ModelEntry, *, keep_alive: float | None | str = DEFAULT) -> LoadedModel:
         """The loaded model for `entry`, loading it first if needed (blocking)."""
         while True:
             with self._lock:
+                if self._closed.is_set():
+                    raise ServiceUnavailable("The service is shutting down.")
                 record = self._records.get(entry.id)
                 if record is not None and record.state in (LOADING, UNLOADING):
                     # Someone else is loading or unloading it: wait for the outcome, then decide again.
@@ -218,20 +268,37 @@ class ModelManager:
         if keep_alive != DEFAULT:
             record.keep_alive = keep_alive  # type: ignore[assignment]
 
-    def _do_load(self, entry: ModelEntry, record: _Record, keep_alive: float | None | str) -> LlamaModel:
+    def _do_load(self, entry: ModelEntry, record: _Record, keep_alive: float | None | str) -> LoadedModel:
+        assert record.plan is not None
         try:
-            model = LlamaModel(self._runtime, entry, self._options, record.plan)
+            model = self._factory(entry, self._options, record.plan, self._model_exited)
         except LMSPError as exc:
             with self._lock:
                 record.error = exc
                 self._set(entry.id, record, ERROR)
             raise
         with self._lock:
-            record.model = model
-            record.error = None
-            self._touch(record, keep_alive)
-            self._set(entry.id, record, LOADED)
+            closed = self._closed.is_set()
+            if not closed:
+                record.model = model
+                record.error = None
+                self._touch(record, keep_alive)
+                self._set(entry.id, record, LOADED)
+        if closed:  # the service stopped while this model was loading
+            model.close()
+            raise ServiceUnavailable("The service is shutting down.")
         return model
+
+    def _model_exited(self, model: LoadedModel, error: LMSPError) -> None:
+        """A loaded model died on its own (its process crashed): `error` until the next load."""
+        with self._lock:
+            record = self._records.get(model.id)
+            if record is None or record.model is not model:
+                return  # already unloaded or replaced
+            record.model = None
+            record.error = error
+            self._set(model.id, record, ERROR)
+        threading.Thread(target=model.close, name="lmsp-reap-crashed", daemon=True).start()
 
     def unload(self, model_id: str, *, drain: bool = True) -> bool:
         """Unload a model; with `drain`, its running and queued requests finish first."""
@@ -265,11 +332,10 @@ class ModelManager:
                     model = record.model
                     if record.state != LOADED or model is None or record.keep_alive is None:
                         continue
-                    sched = model.scheduler
-                    if sched is None or sched.busy:
+                    if model.busy:
                         record.last_used = now
                         continue
-                    last = max(record.last_used, sched.last_activity)
+                    last = max(record.last_used, model.last_activity)
                     if now - last >= record.keep_alive:
                         idle.append(model_id)
             for model_id in idle:
@@ -277,5 +343,9 @@ class ModelManager:
                 self.unload(model_id, drain=True)
 
     def close(self) -> None:
+        """Unload everything at once (running jobs end 503) and stop the reaper; waits for the model
+        processes to end. Safe to call again."""
         self._closed.set()
         self.unload_all(drain=False)
+        if self._reaper is not threading.current_thread():
+            self._reaper.join(5.0)

@@ -5,7 +5,9 @@ present and they fit, else the CPU with one thread per physical core),
 the context window (min of the trained length, the configured cap and
 8192 by default), and how many sequences decode together. The object then
 answers what the service needs: render a conversation, tokenize it, and
-submit a generation job to the scheduler thread that owns the context.
+submit a generation job to the scheduler thread that owns the context (jobs
+with a grammar go through `grammars.GrammarBuilder` first). It runs inside a
+model process (`worker`) in the service, and in this process in tests.
 """
 
 from __future__ import annotations
@@ -15,64 +17,65 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import llama_cpp
 
 from lmsp_tray.discovery.entry import ModelEntry
+from lmsp_tray.engine.grammars import GrammarBuilder
 from lmsp_tray.engine.jobs import GenerationJob
 from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan, plan_load
+from lmsp_tray.engine.loaded import ModelStats, Placement
 from lmsp_tray.engine.prompt_tokens import PromptTokenizer, SpecialToken, turn_markers
 from lmsp_tray.engine.runtime import Runtime, physical_cores
 from lmsp_tray.engine.scheduler import Scheduler
 from lmsp_tray.engine.templates import BUILTIN_TEMPLATES, ChatTemplate, builtin_template_name
-from lmsp_tray.errors import ModelLoadFailed
+from lmsp_tray.errors import ContextLengthExceeded, ModelLoadFailed
 
 log = logging.getLogger("lmsp_tray.engine")
 
 # Prompts shorter than this are tokenized whole (a few ms at most); a longer one first builds the
 # model's piece tokenizer (one pass over the vocabulary's token attributes).
 PIECEWISE_FROM_CHARS = 4096
+# Texts longer than this (and than the window) are first checked against the window by length alone.
+SHORTCUT_FROM_CHARS = 1 << 16
 _SPLIT_ATTRS = (
     llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
 )
 
 
-@dataclass(frozen=True)
-class Placement:
-    """Where a loaded model runs, as reported to users."""
-
-    device: str  # "cpu" or "gpu"
-    gpu_layers: int
-    total_layers: int
-    threads: int
-    description: str
-
-
-def gpu_free(runtime: Runtime) -> int | None:
-    """Free memory on the GPUs llama.cpp sees, or None when there is no usable GPU."""
-    return sum(d.free_bytes for d in runtime.devices) if runtime.has_gpu else None
-
-
 class LlamaModel:
     """A model loaded into memory with its own scheduler thread."""
 
-    def __init__(self, runtime: Runtime, entry: ModelEntry, options: LoadOptions, plan: LoadPlan | None = None) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        entry: ModelEntry,
+        options: LoadOptions,
+        plan: LoadPlan | None = None,
+        *,
+        on_step: Callable[[], None] | None = None,
+    ) -> None:
+        """Load `entry`; `on_step` runs after every decode step and every job the grammar builder
+        hands on (a model process flushes its frames there)."""
         self.id = entry.id
         self.entry = entry
         self.options = options
         self.loaded_at = time.time()
+        self.loaded_monotonic = time.monotonic()
         self._model = None
         self._ctx = None
         self.scheduler: Scheduler | None = None
+        self._grammars: GrammarBuilder | None = None
+        self._on_step = on_step
         self._prompt_tokenizer: PromptTokenizer | None = None  # built for the first long prompt
         self._prompt_tokenizer_lock = threading.Lock()
         self._prompt_tokenizer_thread: threading.Thread | None = None
         started = time.monotonic()
         mark = runtime.mark()
-        self.plan = plan or plan_load(entry, options, gpu_free_bytes=gpu_free(runtime), cores=physical_cores())
+        free = sum(d.free_bytes for d in runtime.devices) if runtime.has_gpu else None
+        self.plan = plan or plan_load(entry, options, gpu_free_bytes=free, cores=physical_cores())
         try:
             self._load(runtime, entry, options, self.plan)
         except ModelLoadFailed:
@@ -136,6 +139,7 @@ class LlamaModel:
 
         self._pieces: list[bytes | None] = [None] * self.n_vocab
         self._texts: dict[str, int] | None = None  # marker-like token texts, built on first use
+        self._longest_piece: int | None = None
         self._piece_buf = ctypes.create_string_buffer(256)
         self.bos_text = self._token_text(llama_cpp.llama_vocab_bos(self.vocab))
         self.eos_text = self._token_text(llama_cpp.llama_vocab_eos(self.vocab))
@@ -158,7 +162,9 @@ class LlamaModel:
             context_per_sequence=self.context_per_sequence,
             batch_size=options.batch_size,
             max_queue=options.max_queue,
+            on_step=self._on_step,
         )
+        self._grammars = GrammarBuilder(self.id, self.vocab, self.scheduler, on_done=self._on_step)
 
     # -- vocabulary and template ----------------------------------------------------------------
     def _explain(self, runtime: Runtime, mark: int, headline: str) -> str:
@@ -176,11 +182,11 @@ class LlamaModel:
         source = entry.info.chat_template if entry.info else None
         if source:
             try:
-                return ChatTemplate(source, "model", self.bos_text, self.eos_text)
+                return ChatTemplate(source, "model", self.bos_text, self.eos_text, model_id=self.id)
             except ValueError as exc:
                 log.warning("%s: own chat template unusable (%s); using a built-in one", self.id, exc)
         name = builtin_template_name(entry.info.architecture if entry.info else None, self.has_token)
-        return ChatTemplate(BUILTIN_TEMPLATES[name], name, self.bos_text, self.eos_text)
+        return ChatTemplate(BUILTIN_TEMPLATES[name], name, self.bos_text, self.eos_text, model_id=self.id)
 
     def has_token(self, text: str) -> bool:
         """True when `text` is a single special token of this vocabulary."""
@@ -220,9 +226,21 @@ class LlamaModel:
             n = llama_cpp.llama_tokenize(self.vocab, raw, len(raw), buf, size, add_special, parse_special)
         return list(buf[:n])
 
-    def tokenize_prompt(self, text: str) -> list[int]:
+    def tokenize_prompt(self, text: str, *, at_most: int | None = None) -> list[int]:
         """A rendered prompt's tokens, start tokens included: what `tokenize(text)` gives, but a long
-        prompt's pieces already seen (the earlier turns of a conversation) are not tokenized again."""
+        prompt's pieces already seen (the earlier turns of a conversation) are not tokenized again.
+
+        With `at_most`, a text that cannot fit in that many tokens (no token covers more than the
+        vocabulary's longest piece) is refused at once, without tokenizing it: a 7 MiB input meant
+        for an 8k window costs microseconds, not seconds of llama.cpp's tokenizer."""
+        if at_most is not None and len(text) > max(SHORTCUT_FROM_CHARS, at_most):
+            least = -(-len(text.encode("utf-8", errors="replace")) // self.longest_piece())
+            if least > at_most:
+                raise ContextLengthExceeded(
+                    f"The input is at least {least:,} tokens; '{self.id}' has a context window of "
+                    f"{self.context_length:,} tokens. Shorten the input.",
+                    param="input",
+                )
         tokenizer = self._prompt_tokenizer
         if tokenizer is None:  # the first long prompt has it built off this thread, for the next ones
             if len(text) >= PIECEWISE_FROM_CHARS:
@@ -234,6 +252,18 @@ class LlamaModel:
                         self._prompt_tokenizer_thread.start()
             return self.tokenize(text)
         return tokenizer.tokens(text) if tokenizer.markers else self.tokenize(text)
+
+    def longest_piece(self) -> int:
+        """The most bytes of text one token can stand for (its piece, or its text when it is special)."""
+        if self._longest_piece is None:
+            longest = 1
+            buf = ctypes.create_string_buffer(256)  # not the scheduler's buffer: this runs on another thread
+            for token in range(self.n_vocab):
+                raw = llama_cpp.llama_vocab_get_text(self.vocab, token) or b""
+                n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 256, 0, True)
+                longest = max(longest, len(raw), abs(n))  # negative: the size it would need
+            self._longest_piece = longest + 1  # and the space a tokenizer may put in front
+        return self._longest_piece
 
     def prompt_tokenizer(self) -> PromptTokenizer:
         """The model's piece tokenizer, built on first use."""
@@ -304,8 +334,38 @@ class LlamaModel:
 
     # -- generation -----------------------------------------------------------------------------
     def submit(self, job: GenerationJob) -> None:
-        assert self.scheduler is not None
-        self.scheduler.submit(job)
+        scheduler = self.scheduler
+        if scheduler is None or self._grammars is None:
+            raise RuntimeError("the model is closed")
+        if job.sampling.grammar:  # compiled off the decoding thread, then queued
+            scheduler.check_admission()
+            self._grammars.submit(job)
+        else:
+            scheduler.submit(job)
+
+    @property
+    def busy(self) -> bool:
+        scheduler = self.scheduler
+        pending = self._grammars.pending if self._grammars is not None else 0
+        return pending > 0 or (scheduler is not None and scheduler.busy)
+
+    @property
+    def last_activity(self) -> float:
+        scheduler = self.scheduler
+        return scheduler.last_activity if scheduler is not None else self.loaded_monotonic
+
+    def stats(self, *, batches: bool = False) -> ModelStats:
+        scheduler = self.scheduler
+        if scheduler is None:
+            return ModelStats(pid=os.getpid())
+        pending = self._grammars.pending if self._grammars is not None else 0
+        return ModelStats(
+            steps=scheduler.steps,
+            queued=scheduler.queued + pending,
+            generating=scheduler.generating,
+            batch_sizes=tuple(scheduler.batch_sizes) if batches else (),
+            pid=os.getpid(),
+        )
 
     @property
     def ctx(self) -> llama_cpp.llama_context_p:
@@ -318,7 +378,13 @@ class LlamaModel:
         if self._prompt_tokenizer_thread is not None:
             self._prompt_tokenizer_thread.join()  # it reads the vocabulary freed below
         if self.scheduler is not None:
+            if drain and self._grammars is not None:
+                self._grammars.close()  # its jobs reach the scheduler, which then drains them
+                self._grammars = None
             self.scheduler.stop(drain=drain)
+            if self._grammars is not None:
+                self._grammars.close()  # anything still being compiled ends 503 (the scheduler stopped)
+                self._grammars = None
             self.scheduler.close()
             self.scheduler = None
         if self._ctx:

@@ -7,9 +7,15 @@ each other's sampling.
 A grammar is not part of the chain: checking every candidate against it costs
 a lot on large vocabularies (Gemma's has 262k tokens). As llama.cpp's own
 tools do, the token is sampled freely first and only checked against the
-grammar; only when the grammar rejects it is the grammar applied to the whole
-distribution and the token sampled again. The result is the same token the
-grammar-first chain would accept, at a fraction of the cost.
+grammar; only when the grammar rejects it is it sampled again among what the
+grammar allows. That second pass first looks at the most likely tokens only
+(the top 256, then 4096, by logit): when enough of them are allowed — one
+for greedy decoding, `top_k` for sampling, whose later steps only ever see
+the `top_k` best — the pick is the one the whole vocabulary would give, and
+the grammar checked a few hundred tokens instead of 262k. Otherwise, and
+with penalties (which reorder logits), the grammar is applied to the whole
+distribution. The result is always the token the grammar-first chain would
+pick.
 
 Plain greedy decoding (temperature 0, no penalties, no grammar) skips the chain
 altogether: llama.cpp's sampler copies the whole vocabulary into a candidate
@@ -57,6 +63,7 @@ class SamplingParams:
 
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+SHORTLISTS = (256, 4096)  # how many of the most likely tokens a grammar re-sample looks at first
 assert ctypes.sizeof(llama_cpp.llama_token_data) == _TOKEN_DATA.itemsize
 
 
@@ -69,6 +76,10 @@ class Sampler:
         self._chain = llama_cpp.llama_sampler_chain_init(chain_params)
         self._grammar: llama_cpp.llama_sampler_p | None = None
         self._argmax = params.greedy and params.repeat_penalty == 1.0 and not params.grammar
+        # Allowed tokens a shortlist must hold for its pick to be exact (None: always the whole vocabulary).
+        self._enough: int | None = None
+        if params.repeat_penalty == 1.0:
+            self._enough = 1 if params.greedy else (params.top_k if params.top_k > 0 else None)
         self._n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
         # Buffers for grammar sampling (the whole vocabulary as llama_token_data cells).
         self._cells: ctypes.Array[llama_cpp.llama_token_data] | None = None
@@ -133,13 +144,37 @@ class Sampler:
         single = llama_cpp.llama_token_data_array(one, 1, -1, False)
         llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(single))
         if one[0].logit == float("-inf"):  # the grammar says no: sample again among what it allows
-            token = self._pick(ctx, index, grammar_first=True)
+            shortlisted = self._shortlist_pick(ctx, index)
+            token = self._pick(ctx, index, grammar_first=True) if shortlisted is None else shortlisted
         llama_cpp.llama_sampler_accept(self._grammar, token)
         llama_cpp.llama_sampler_accept(self._chain, token)
         return token
 
     def _logits(self, ctx: llama_cpp.llama_context_p, index: int) -> np.ndarray:
         return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, index), shape=(self._n_vocab,))
+
+    def _shortlist_pick(self, ctx: llama_cpp.llama_context_p, index: int) -> int | None:
+        """The grammar-constrained pick made among the most likely tokens, or None when a shortlist
+        cannot show it is the pick the whole vocabulary would give."""
+        enough = self._enough
+        if enough is None:
+            return None
+        logits = self._logits(ctx, index)
+        for size in SHORTLISTS:
+            if size * 2 > self._n_vocab:
+                return None
+            # In vocabulary order, as the whole array is (equal logits go to the lower id, as there).
+            ids = np.sort(np.argpartition(logits, -size)[-size:]).astype(np.int32)
+            view = self._view[:size]
+            view["id"] = ids
+            view["logit"] = logits[ids]
+            view["p"] = 0.0
+            cur = llama_cpp.llama_token_data_array(self._cells, size, -1, False)
+            llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(cur))
+            if int(np.isfinite(view["logit"]).sum()) >= enough:
+                llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(cur))
+                return int(cur.data[cur.selected].id)
+        return None
 
     def _pick(self, ctx: llama_cpp.llama_context_p, index: int, *, grammar_first: bool) -> int:
         logits = self._logits(ctx, index)

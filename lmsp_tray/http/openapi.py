@@ -67,7 +67,7 @@ PROBLEMS = {
     "429": "Too many requests (too_many_requests); see Retry-After.",
     "500": "An unexpected error (internal_error); details are only in the service log.",
     "502": "Hugging Face could not be reached or answered unexpectedly (hub_unavailable).",
-    "503": "The model cannot serve now (model_load_failed, service_unavailable).",
+    "503": "The model cannot serve now (model_load_failed, model_crashed, service_unavailable).",
     "507": "Not enough memory to load the model (insufficient_memory); for a pull, not enough disk space "
     "(insufficient_storage, with `required_bytes`, `available_bytes` and `path`).",
 }

@@ -2,10 +2,13 @@
 
 `Service.start_response` does everything that can fail *before* a response
 starts (find and load the model, render and tokenize the conversation,
-check the context window, queue the job), so those failures are plain
-problem documents. The returned `ResponseRun` then yields the response's
-events as the model produces them; after the first event a failure becomes
-a terminal `response.failed` event, never an exception. Sync requests read
+check the context window and the grammar's size, queue the job), so those
+failures are plain problem documents; rendering (a template is a bounded
+program from the model file) and tokenization (a call to the model process)
+run in a worker thread, never on the event loop. The returned `ResponseRun`
+then yields the response's events as the model produces them; after the
+first event a failure — the model process crashing included — becomes a
+terminal `response.failed` event, never an exception. Sync requests read
 the same events and keep the final object.
 """
 
@@ -25,10 +28,10 @@ from lmsp_tray.chat.parser import OutputParser, ParserConfig, apply
 from lmsp_tray.chat.plan import ChatPlan, OutputSpec, build_plan, prepare
 from lmsp_tray.config import Config, ConfigError, parse_duration
 from lmsp_tray.discovery.entry import ModelEntry
-from lmsp_tray.engine.jobs import CANCELLED, CONTEXT, ERROR, LENGTH, Finish, GenerationJob
+from lmsp_tray.engine.jobs import CANCELLED, CONTEXT, ERROR, LENGTH, Finish, GenerationJob, GrammarOn
 from lmsp_tray.engine.load_plan import context_window
+from lmsp_tray.engine.loaded import LoadedModel
 from lmsp_tray.engine.manager import ModelManager
-from lmsp_tray.engine.model import LlamaModel
 from lmsp_tray.engine.sampling import (
     DEFAULT_MIN_P,
     DEFAULT_TEMPERATURE,
@@ -36,11 +39,13 @@ from lmsp_tray.engine.sampling import (
     DEFAULT_TOP_P,
     SamplingParams,
 )
+from lmsp_tray.engine.trigger import CallMarkers
 from lmsp_tray.errors import (
     ContextLengthExceeded,
     InputTooLong,
     InvalidRequest,
     LMSPError,
+    ModelCrashed,
     ModelLoadFailed,
     ModelNotFound,
     ServiceUnavailable,
@@ -137,6 +142,9 @@ class ResponseRun:
                     for event in apply(asm, self._parser.feed(item)):
                         yield event
                     continue
+                if isinstance(item, GrammarOn):
+                    self._parser.grammar_on()
+                    continue
                 if item.reason != ERROR:
                     for event in apply(asm, self._parser.finish()):
                         yield event
@@ -186,6 +194,7 @@ class Service:
         self._runs: set[ResponseRun] = set()
         self._run_listeners: list[Callable[[ResponseRun], None]] = []
         self._finished_output_tokens = 0
+        self._closing = False  # shutting down: no new responses
 
     # -- service document -----------------------------------------------------------------------
     def service_document(self) -> dict[str, Any]:
@@ -298,23 +307,24 @@ class Service:
         spec = await self._prepare(request)  # tools, tool_choice, schemas, tool results: checked before loading
         keep_alive = self._keep_alive(request)
         for attempt in range(2):
-            # The common case, already loaded, takes no thread hop (it counts in time to first token).
             model = self.models.use_if_loaded(entry.id, keep_alive=keep_alive)
             if model is None:
                 model = await asyncio.to_thread(self.models.acquire, entry, keep_alive=keep_alive)
-            if not request.large:
-                plan, prompt = self._prompt_tokens(model, request, spec)
-            else:  # long inputs are rendered and tokenized off the event loop
-                plan, prompt = await asyncio.to_thread(self._prompt_tokens, model, request, spec)
-            job, queue = self._job(model, request, prompt, plan)
             try:
+                # Rendering runs the model's template (bounded, but not free) and tokenizing asks the
+                # model process: both off the event loop.
+                plan, prompt = await asyncio.to_thread(self._prompt_tokens, model, request, spec)
+                job, queue = self._job(model, request, prompt, plan)
                 model.submit(job)
                 break
-            except ServiceUnavailable:
+            except (ServiceUnavailable, ModelCrashed):
                 if attempt:
-                    raise  # unloaded twice in a row: give up
+                    raise  # unloaded (or gone) twice in a row: give up
+        if self._closing:  # shutdown began while this request was being prepared
+            job.cancel()
+            raise ServiceUnavailable("The service is shutting down; send the request again once it is back.")
         assembler = ResponseAssembler(entry.id, response_id=response_id)
-        run = ResponseRun(assembler, job, queue, on_done=self._run_done, parser=plan.parser(job.grammar_trigger))  # type: ignore[arg-type]
+        run = ResponseRun(assembler, job, queue, on_done=self._run_done, parser=plan.parser())
         self._runs.add(run)
         return run
 
@@ -324,10 +334,28 @@ class Service:
         await self._prepare(request)
         self._keep_alive(request)
 
-    @staticmethod
-    async def _prepare(request: ResponseRequest) -> OutputSpec:
-        """`chat.plan.prepare`: schemas compiled into grammar rules, off the event loop when they are large."""
-        return await asyncio.to_thread(prepare, request) if request.large else prepare(request)
+    async def _prepare(self, request: ResponseRequest) -> OutputSpec:
+        """`chat.plan.prepare` (schemas compiled into grammar rules) within `max_grammar_bytes`.
+
+        Compiling a schema can take tens of milliseconds (a long enum), so a request with tools or a
+        schema, or a large one, is prepared off the event loop."""
+        grammar_work = request.large or bool(request.tools) or request.json_schema is not None
+        return await asyncio.to_thread(self._prepare_now, request) if grammar_work else self._prepare_now(request)
+
+    def _prepare_now(self, request: ResponseRequest) -> OutputSpec:
+        spec = prepare(request)
+        size = len(spec.grammar.text().encode("utf-8"))
+        limit = self.config.max_grammar_bytes
+        if size > limit:
+            param = "tools" if request.tools and request.json_schema is None else "response_format"
+            raise InvalidRequest(
+                f"The output constraint (tools and response schema) compiles to a grammar of {size:,} bytes; "
+                f"the limit is {limit:,} bytes (max_grammar_bytes in config.toml). Use a smaller schema, fewer "
+                f"enum values or fewer tools.",
+                param=param,
+            )
+        return spec
+        self._keep_alive(request)
 
     def _check_capabilities(self, entry: ModelEntry, request: ResponseRequest) -> None:
         caps = set(self.model_capabilities(entry))
@@ -350,20 +378,25 @@ class Service:
             raise InvalidRequest(str(exc), param="extensions.lmsp_tray.keep_alive") from None
 
     def _prompt_tokens(
-        self, model: LlamaModel, request: ResponseRequest, spec: OutputSpec
+        self, model: LoadedModel, request: ResponseRequest, spec: OutputSpec
     ) -> tuple[ChatPlan, list[int]]:
         if not request.items:
             raise InvalidRequest("'input' must contain at least one item.", param="input")
         plan = build_plan(model, request, spec)  # prompt for the model's family, grammar, parser
         window = model.context_length
-        floor = token_floor(model.tokenize, plan.prompt, window)
+        floor = token_floor(model.tokenize_prompt, plan.prompt, window)
         if floor is not None:  # far too long: refused without tokenizing all of it
             raise InputTooLong(
                 f"The input is at least {floor} tokens; '{model.id}' has a context window of {window} tokens "
                 f"and needs room for at least one output token. Shorten the input.",
                 param="input",
             )
-        tokens = model.tokenize_prompt(plan.prompt)
+        try:
+            tokens = model.tokenize_prompt(plan.prompt, at_most=window)
+        except InputTooLong:
+            raise
+        except ContextLengthExceeded as exc:  # the model's own bound (the text's bytes over its longest piece)
+            raise InputTooLong(exc.detail, param="input") from None
         if not tokens:
             raise InvalidRequest("The input renders to an empty prompt.", param="input")
         if len(tokens) >= window:
@@ -382,14 +415,17 @@ class Service:
         return plan, tokens
 
     def _job(
-        self, model: LlamaModel, request: ResponseRequest, prompt: list[int], plan: ChatPlan
+        self, model: LoadedModel, request: ResponseRequest, prompt: list[int], plan: ChatPlan
     ) -> tuple[GenerationJob, asyncio.Queue]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         put = queue.put_nowait
 
-        def sink(item: str | Finish) -> None:
-            loop.call_soon_threadsafe(put, item)
+        def sink(item: str | GrammarOn | Finish) -> None:
+            try:
+                loop.call_soon_threadsafe(put, item)
+            except RuntimeError:  # the loop has closed (shutdown): nobody is reading any more
+                pass
 
         sampling = SamplingParams(
             temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
@@ -408,7 +444,7 @@ class Service:
             max_tokens=max_tokens,
             sink=sink,
             stop=request.stop,
-            grammar_trigger=plan.trigger(),
+            grammar_trigger=_lazy_grammar(plan),
             visible_tokens=plan.visible_tokens,
         )
         return job, queue
@@ -435,6 +471,16 @@ class Service:
 
     # -- shutdown -------------------------------------------------------------------------------
     def cancel_all(self) -> None:
-        """End every running response (shutdown): each stream gets its terminal event."""
+        """End every running response (shutdown): each stream gets its terminal event; responses
+        still being prepared are refused (503) instead of starting."""
+        self._closing = True
         for run in list(self._runs):
             run.cancel()
+
+
+def _lazy_grammar(plan: ChatPlan) -> CallMarkers | None:
+    """The engine's trigger for a plan whose grammar switches on at a call marker (`tool_choice: auto`)."""
+    if not plan.lazy_roots:
+        return None
+    cfg = plan.parser_config
+    return CallMarkers(tuple(plan.lazy_roots.items()), cfg.think, cfg.start_in_think)

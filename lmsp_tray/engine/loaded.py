@@ -1,0 +1,89 @@
+"""What the rest of the service may ask of a loaded model, wherever it runs.
+
+`LoadedModel` is the one interface above the engine: `model.LlamaModel`
+implements it in this process, `process.ModelProcess` for a model running in
+its own process, and tests implement it with fakes (`ModelManager` takes a
+factory). It answers what the service needs (window, placement, template,
+markers, tokenization) and runs `GenerationJob`s. Nothing here imports
+llama.cpp, so the service side of a model process never loads it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from lmsp_tray.discovery.entry import ModelEntry
+from lmsp_tray.engine.jobs import GenerationJob
+from lmsp_tray.engine.load_plan import LoadPlan
+from lmsp_tray.engine.templates import ChatTemplate
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a loaded model runs, as reported to users."""
+
+    device: str  # "cpu" or "gpu"
+    gpu_layers: int
+    total_layers: int
+    threads: int
+    description: str
+
+
+@dataclass(frozen=True)
+class ModelStats:
+    """A loaded model's counters (tests and diagnostics)."""
+
+    steps: int = 0  # decode steps performed
+    queued: int = 0  # jobs waiting for a sequence slot
+    generating: int = 0  # jobs holding a slot
+    batch_sizes: tuple[int, ...] = ()  # tokens decoded by each recent step (only when asked for)
+    pid: int | None = None  # the model process, when it runs in one
+    taken_at: float = field(default_factory=time.monotonic)
+
+
+class LoadedModel(Protocol):
+    """A model ready to generate. Its methods are thread-safe; none needs the event loop."""
+
+    id: str
+    entry: ModelEntry
+    plan: LoadPlan
+    loaded_at: float  # wall clock
+    load_seconds: float
+    context_length: int  # tokens per sequence
+    parallel: int  # sequences decoded together
+    placement: Placement
+    template: ChatTemplate
+
+    @property
+    def busy(self) -> bool:
+        """True while any job is waiting or generating (the model must not be evicted)."""
+        ...  # pragma: no cover
+
+    @property
+    def last_activity(self) -> float:
+        """time.monotonic() of the last submit or decode step."""
+        ...  # pragma: no cover
+
+    def render(self, messages: Sequence[dict[str, Any]], **kwargs: Any) -> str: ...  # pragma: no cover
+
+    def find_token(self, text: str) -> int | None: ...  # pragma: no cover
+
+    def is_control(self, token: int) -> bool: ...  # pragma: no cover
+
+    def tokenize_prompt(self, text: str, *, at_most: int | None = None) -> list[int]:
+        """The prompt's tokens; with `at_most`, a text that surely needs more is refused without
+        tokenizing it (`ContextLengthExceeded`)."""
+        ...  # pragma: no cover
+
+    def submit(self, job: GenerationJob) -> None:
+        """Queue `job`; raises 503 (unloading) or 429 (waiting line full, with Retry-After) at once."""
+        ...  # pragma: no cover
+
+    def stats(self, *, batches: bool = False) -> ModelStats: ...  # pragma: no cover
+
+    def close(self, *, drain: bool = False) -> None:
+        """Stop (letting running work finish with `drain`) and free the model."""
+        ...  # pragma: no cover

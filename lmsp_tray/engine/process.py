@@ -1,0 +1,415 @@
+"""The service's side of a model process: a `LoadedModel` whose llama.cpp runs elsewhere.
+
+`ModelProcess` starts `worker` for one model, sends it the load plan, and then
+stands in for the model: jobs go out as `wire.SUBMIT` frames and their
+deltas come back on a reader thread, which hands each to the job's sink (as
+the scheduler thread does in-process). Template rendering stays here (pure
+Python, bounded: `templates`); tokenization goes to the model process, so
+this process never runs llama.cpp on a model's data. The waiting line is
+counted here, so `429` and `503` are answered at once without a round trip.
+Writes go through one writer thread, so the event loop never waits on the pipe.
+
+When the process dies — SIGBUS from a model file changed under it, a
+llama.cpp abort, the out-of-memory killer — the reader sees the pipe close:
+every job of this model ends with `model_crashed` saying what happened (from
+the exit signal and llama.cpp's last words on stderr), pending calls fail
+with it, and `on_exit` tells the model manager, which marks the model
+`error` and loads it again on the next request. Nothing else is touched.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import itertools
+import logging
+import os
+import queue
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from lmsp_tray.discovery.entry import ModelEntry
+from lmsp_tray.engine import wire, worker
+from lmsp_tray.engine.admission import Admission, unloading
+from lmsp_tray.engine.jobs import ERROR, Finish, GenerationJob, GrammarOn
+from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan
+from lmsp_tray.engine.loaded import ModelStats, Placement
+from lmsp_tray.engine.templates import ChatTemplate
+from lmsp_tray.engine.trigger import CallMarkers
+from lmsp_tray.errors import LMSPError, ModelCrashed, ModelLoadFailed, ServiceUnavailable
+
+log = logging.getLogger("lmsp_tray.engine.process")
+worker_log = logging.getLogger("lmsp_tray.engine.worker")
+
+CLOSE_GRACE_S = 10.0  # a model process asked to stop without draining gets this long before SIGKILL
+_LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING, "ERROR": logging.ERROR}
+
+ExitListener = Callable[["ModelProcess", LMSPError], None]
+
+
+class RemoteScheduler:
+    """The model process's scheduler counters, read on demand (tests, diagnostics)."""
+
+    def __init__(self, model: ModelProcess) -> None:
+        self._model = model
+
+    @property
+    def steps(self) -> int:
+        return self._model.stats().steps
+
+    @property
+    def queued(self) -> int:
+        return self._model.stats().queued
+
+    @property
+    def generating(self) -> int:
+        return self._model.stats().generating
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        return self._model.stats(batches=True).batch_sizes
+
+    @property
+    def busy(self) -> bool:
+        return self._model.busy
+
+
+class ModelProcess:
+    """A model loaded in a process of its own (see the module docstring)."""
+
+    def __init__(
+        self,
+        entry: ModelEntry,
+        options: LoadOptions,
+        plan: LoadPlan,
+        *,
+        on_exit: ExitListener | None = None,
+        command: Sequence[str] | None = None,
+    ) -> None:
+        self.id = entry.id
+        self.entry = entry
+        self.options = options
+        self.plan = plan
+        self.scheduler = RemoteScheduler(self)
+        self._on_exit = on_exit
+        self._lock = threading.Lock()
+        self._jobs: dict[int, GenerationJob] = {}
+        self._calls: dict[int, concurrent.futures.Future[tuple[int, bytes]]] = {}
+        self._ids = itertools.count(1)
+        self._closing = False
+        self._exited = threading.Event()
+        self._ready: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
+        self._last_activity = time.monotonic()
+        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=40)
+        self._token_ids: dict[str, int | None] = {}
+        self._control: dict[int, bool] = {}
+        self.exit_error: LMSPError | None = None
+        started = time.monotonic()
+        env = dict(os.environ, GGML_NO_BACKTRACE="1", PYTHONUNBUFFERED="1")
+        try:
+            self._proc = subprocess.Popen(
+                list(command or worker.command()),
+                cwd=worker.home(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                bufsize=0,
+                close_fds=True,
+                start_new_session=sys.platform != "win32",  # a terminal's Ctrl+C is for the service alone
+            )
+        except OSError as exc:
+            raise ModelLoadFailed(f"Could not start a process for '{entry.id}': {exc}") from None
+        assert self._proc.stdin is not None and self._proc.stdout is not None and self._proc.stderr is not None
+        self.pid = self._proc.pid
+        self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._writer = wire.FrameWriter(self._proc.stdin.fileno())
+        self._threads = [
+            threading.Thread(target=self._write_loop, name=f"lmsp-proc-out-{entry.id}", daemon=True),
+            threading.Thread(target=self._read_loop, name=f"lmsp-proc-in-{entry.id}", daemon=True),
+            threading.Thread(target=self._stderr_loop, name=f"lmsp-proc-err-{entry.id}", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+        self._send(wire.frame(wire.LOAD, 0, wire.pack_json(worker.load_spec(entry, options, plan, _log_level()))))
+        try:
+            facts = self._ready.result()
+        except LMSPError:
+            self._reap()
+            raise
+        self.loaded_at = time.time()
+        self.load_seconds = time.monotonic() - started
+        try:
+            self.context_length = int(facts["context_length"])
+            self.parallel = int(facts["parallel"])
+            self._admission = Admission(self.parallel, options.max_queue)
+            self.placement = Placement(**facts["placement"])
+            t = facts["template"]
+            self.template = ChatTemplate(t["source"], t["name"], t["bos_token"], t["eos_token"], model_id=entry.id)
+        except (KeyError, TypeError, ValueError) as exc:
+            self.close()
+            raise ModelLoadFailed(f"Could not load '{entry.id}': the model process answered oddly ({exc}).") from None
+        log.info("%s runs in process %d (loaded in %.2fs)", self.id, self.pid, self.load_seconds)
+
+    # -- LoadedModel ----------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        with self._lock:
+            return bool(self._jobs)
+
+    @property
+    def last_activity(self) -> float:
+        return self._last_activity
+
+    @property
+    def alive(self) -> bool:
+        return not self._exited.is_set()
+
+    def render(self, messages: Sequence[dict[str, Any]], **kwargs: Any) -> str:
+        return self.template.render(messages, **kwargs)
+
+    def find_token(self, text: str) -> int | None:
+        if text not in self._token_ids:
+            self._token_ids[text] = wire.unpack_json(self._call({"op": "find_token", "text": text}))
+        return self._token_ids[text]
+
+    def is_control(self, token: int) -> bool:
+        if token not in self._control:
+            self._control[token] = bool(wire.unpack_json(self._call({"op": "is_control", "token": token})))
+        return self._control[token]
+
+    def tokenize_prompt(self, text: str, *, at_most: int | None = None) -> list[int]:
+        head = struct.pack("<I", at_most or 0)
+        _, payload = self._request(wire.TOKENIZE, head + text.encode("utf-8", errors="replace"))
+        return wire.unpack_tokens(payload)
+
+    def stats(self, *, batches: bool = False) -> ModelStats:
+        data = wire.unpack_json(self._call({"op": "stats", "batches": batches}))
+        data["batch_sizes"] = tuple(data.get("batch_sizes") or ())
+        return ModelStats(**data)
+
+    def submit(self, job: GenerationJob) -> None:
+        trigger = job.grammar_trigger
+        if trigger is not None and not isinstance(trigger, CallMarkers):
+            raise TypeError("a model process runs lazy grammars given as CallMarkers only")
+        with self._lock:
+            if self._closing or self._exited.is_set():
+                raise unloading()
+            self._admission.admit()  # 429 when the waiting line is full
+            ident = next(self._ids)
+            self._jobs[ident] = job
+            self._last_activity = time.monotonic()
+        spec = {
+            "sampling": wire.sampling_to_json(job.sampling),
+            "max_tokens": job.max_tokens,
+            "stop": list(job.stop),
+            "stop_tokens": sorted(job.stop_tokens),
+            "visible_tokens": sorted(job.visible_tokens),
+            "lazy": trigger.to_json() if trigger is not None else None,
+        }
+        cancel = wire.frame(wire.CANCEL, ident)
+        job.on_cancel = lambda: self._send(cancel)
+        self._send(wire.frame(wire.SUBMIT, ident, wire.pack_job(spec, job.prompt)))
+        if job.cancelled:  # cancelled before the hook was in place
+            self._send(cancel)
+
+    def close(self, *, drain: bool = False) -> None:
+        """Stop the process (letting running and queued jobs finish with `drain`) and wait for it."""
+        with self._lock:
+            first = not self._closing
+            self._closing = True
+        if first and not self._exited.is_set():
+            self._send(wire.frame(wire.CLOSE, 0, b"1" if drain else b"0"))
+        if not drain and not self._exited.wait(CLOSE_GRACE_S):
+            log.warning("%s: the model process did not stop in %.0fs; killing it", self.id, CLOSE_GRACE_S)
+            self._kill()
+        self._exited.wait()
+        self._reap()
+
+    def kill(self) -> None:
+        """End the process at once (its jobs end as after a crash)."""
+        self._kill()
+
+    # -- the pipe -------------------------------------------------------------------------------
+    def _send(self, data: bytes) -> None:
+        self._outbox.put(data)
+
+    def _write_loop(self) -> None:
+        while (data := self._outbox.get()) is not None:
+            parts = [data]
+            with_more = True
+            while with_more:
+                try:
+                    more = self._outbox.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    with_more = False
+                    self._outbox.put(None)
+                    break
+                parts.append(more)
+            self._writer.send(b"".join(parts))
+
+    def _request(self, kind: int, payload: bytes) -> tuple[int, bytes]:
+        future: concurrent.futures.Future[tuple[int, bytes]] = concurrent.futures.Future()
+        with self._lock:
+            if self._exited.is_set():
+                raise self.exit_error or ServiceUnavailable("The model is not running.")
+            ident = next(self._ids)
+            self._calls[ident] = future
+        self._send(wire.frame(kind, ident, payload))
+        kind, answer = future.result()
+        if kind == wire.ERROR:
+            raise wire.unpack_error(wire.unpack_json(answer))
+        return kind, answer
+
+    def _call(self, request: dict[str, Any]) -> bytes:
+        return self._request(wire.CALL, wire.pack_json(request))[1]
+
+    def _read_loop(self) -> None:
+        assert self._proc.stdout is not None
+        try:
+            for kind, ident, payload in wire.FrameReader(self._proc.stdout.fileno()).frames():
+                self._dispatch(kind, ident, payload)
+        except Exception:
+            log.exception("%s: unreadable output from the model process", self.id)
+            self._kill()
+        self._ended()
+
+    def _dispatch(self, kind: int, ident: int, payload: bytes) -> None:
+        if kind == wire.TEXT or kind == wire.GRAMMAR_ON:
+            with self._lock:
+                job = self._jobs.get(ident)
+            if job is not None:
+                if job.first_token_at is None:
+                    job.first_token_at = time.monotonic()
+                text = payload.decode("utf-8", errors="replace")
+                job.sink(text if kind == wire.TEXT else GrammarOn(text))
+        elif kind == wire.FINISH:
+            now = time.monotonic()
+            with self._lock:
+                job = self._jobs.pop(ident, None)
+                self._last_activity = now
+            if job is not None:
+                self._admission.done(now - job.submitted_at)
+                job.sink(wire.unpack_finish(payload))
+        elif kind in (wire.REPLY, wire.TOKENS, wire.ERROR):
+            with self._lock:
+                future = self._calls.pop(ident, None)
+            if future is not None:
+                future.set_result((kind, payload))
+        elif kind == wire.READY:
+            self._ready.set_result(wire.unpack_json(payload))
+        elif kind == wire.FAILED:
+            self._ready.set_exception(wire.unpack_error(wire.unpack_json(payload)))
+
+    def _stderr_loop(self) -> None:
+        assert self._proc.stderr is not None
+        for raw in iter(self._proc.stderr.readline, b""):
+            line = raw.decode("utf-8", errors="replace").rstrip()
+            if not line:
+                continue
+            self._stderr_tail.append(line)
+            level_name, _, rest = line.partition(" ")
+            level = _LEVELS.get(level_name)
+            if level is not None:
+                worker_log.log(level, "%s: %s", self.id, rest)
+            else:  # C code writing to stderr (llama.cpp's asserts among them)
+                worker_log.warning("%s: %s", self.id, line)
+
+    def _ended(self) -> None:
+        """The process's output closed: it exited. End whatever it still had."""
+        rc = self._proc.wait()
+        for thread in self._threads[2:]:
+            thread.join(2.0)  # its last words on stderr
+        loaded = self._ready.done() and self._ready.exception() is None
+        if not self._ready.done():
+            error: LMSPError = ModelLoadFailed(f"Could not load '{self.id}': {self._reason(rc)}.")
+        elif not loaded:
+            error = ServiceUnavailable("The model did not load.")
+        elif self._closing and rc == 0:
+            error = ServiceUnavailable("The model was unloaded while the request was running.")
+        else:
+            error = ModelCrashed(
+                f"The model '{self.id}' stopped: {self._reason(rc)}. Its running requests were ended; "
+                f"their output so far is kept. Send the request again to load the model anew."
+            )
+            log.error("%s", error.detail)
+        with self._lock:
+            self.exit_error = error
+            self._exited.set()  # from here on nothing is registered
+            closing = self._closing
+            jobs, self._jobs = list(self._jobs.values()), {}
+            calls, self._calls = list(self._calls.values()), {}
+        if not self._ready.done():
+            self._ready.set_exception(error)
+        for job in jobs:
+            job.sink(Finish(ERROR, len(job.prompt), 0, error=error))
+        for future in calls:
+            future.set_result((wire.ERROR, wire.pack_json(wire.pack_error(error))))
+        if loaded and isinstance(error, ModelCrashed) and not closing and self._on_exit is not None:
+            try:
+                self._on_exit(self, error)
+            except Exception:
+                log.exception("model exit listener failed")
+
+    def _reason(self, rc: int) -> str:
+        said = self._last_words()
+        if rc < 0:
+            try:
+                name = signal.Signals(-rc).name
+            except ValueError:
+                name = f"signal {-rc}"
+            if name == "SIGBUS":
+                return (
+                    "its file changed or was cut short while it was loaded (llama.cpp reads the weights from "
+                    "the file), and the model process ended with SIGBUS"
+                )
+            if name == "SIGKILL":
+                return "the model process was killed (SIGKILL), most often by the system when memory runs out"
+            if name == "SIGABRT":
+                return f"llama.cpp aborted ({said})" if said else "llama.cpp aborted (SIGABRT)"
+            return f"the model process ended with {name}" + (f" ({said})" if said else "")
+        return f"the model process exited with code {rc}" + (f" ({said})" if said else "")
+
+    def _last_words(self) -> str:
+        """The most telling recent stderr line: a failed assertion or error, else the last line."""
+        lines = list(self._stderr_tail)
+        for line in reversed(lines):
+            if "GGML_ASSERT" in line or "GGML_ABORT" in line or "error" in line.lower():
+                return line.strip()[:300]
+        return lines[-1].strip()[:300] if lines else ""
+
+    def _kill(self) -> None:
+        if self._proc.poll() is None:
+            try:
+                self._proc.kill()
+            except OSError:
+                pass
+
+    def _reap(self) -> None:
+        """After the process ended: stop the threads and close the pipes."""
+        if self._proc.poll() is None:
+            self._kill()
+        self._proc.wait()
+        self._outbox.put(None)
+        current = threading.current_thread()
+        for thread in self._threads:
+            if thread is not current:
+                thread.join(5.0)
+        for pipe in (self._proc.stdin, self._proc.stdout, self._proc.stderr):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
+
+
+def _log_level() -> int:
+    return logging.getLogger("lmsp_tray").getEffectiveLevel()
