@@ -20,6 +20,7 @@ from lmsp_tray.http.console_routes import (
     load_assets,
 )
 from lmsp_tray.http.download_routes import DOWNLOAD_ROUTES
+from lmsp_tray.http.openai import OPENAI
 from lmsp_tray.http.problems import EXCEPTION_HANDLERS, PROBLEMS, send_error
 from lmsp_tray.http.recorder import ActivityRecorder
 from lmsp_tray.http.routes import ROUTES
@@ -30,7 +31,7 @@ from lmsp_tray.serving.service import Service
 
 LMSP = Api("/lmsp/v1", [*DOWNLOAD_ROUTES, *ROUTES, *STORED_ROUTES, *AUTH_ROUTES, *CONSOLE_API_ROUTES], errors=PROBLEMS)
 CONSOLE = Api("/console", CONSOLE_PAGE_ROUTES, errors=PROBLEMS, bare=console_redirect)  # the page's files
-APIS = [LMSP, CONSOLE]  # the first also answers for paths outside every API
+APIS = [LMSP, CONSOLE, OPENAI]  # the first also answers for paths outside every API
 
 
 class VersionHeader:

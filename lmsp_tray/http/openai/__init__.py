@@ -1,0 +1,18 @@
+"""The OpenAI-compatible `/v1`: what existing apps (SDKs, editor assistants, chat front-ends) speak.
+
+Why a package of its own: `/v1` is one more `Api` beside `/lmsp/v1` — same port,
+same engine and scheduler, same bearer tokens, scopes and Host/Origin/size
+checks — but with OpenAI's wire shapes and error object. Each endpoint family
+lives in its own module and contributes its `Scoped` routes to `OPENAI`:
+
+- `models.py`: `GET /v1/models`, `GET /v1/models/{id}` (`models:read`)
+- `errors.py`: OpenAI's `{"error": {"message", "type", "param", "code"}}`
+"""
+
+from __future__ import annotations
+
+from lmsp_tray.http.api import Api
+from lmsp_tray.http.openai.errors import OPENAI_ERRORS
+from lmsp_tray.http.openai.models import MODEL_ROUTES
+
+OPENAI = Api("/v1", [*MODEL_ROUTES], errors=OPENAI_ERRORS)

@@ -1,0 +1,52 @@
+"""`GET /v1/models` and `GET /v1/models/{id}` in OpenAI's shape.
+
+Why: an app pointed at a local base URL first lists the models to fill its
+picker; OpenAI's model object is `{"id", "object": "model", "created",
+"owned_by"}`. Every model the service found is listed (loaded or not: a request
+loads it); an unknown id is 404 `model_not_found`, as OpenAI answers.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from lmsp_tray.http.api import Scoped
+from lmsp_tray.serving.service import Service
+
+
+def _service(request: Request) -> Service:
+    return request.app.state.service
+
+
+def model_object(model: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's model object for one model of the LMSP listing, with its context window (as vLLM and
+    LM Studio add theirs) for apps that size their prompts."""
+    try:
+        created = int(os.stat(model["extensions"]["lmsp_tray"]["path"]).st_mtime)
+    except (KeyError, TypeError, OSError):
+        created = 0
+    return {
+        "id": model["id"],
+        "object": "model",
+        "created": created,
+        "owned_by": model.get("source") or "lmsp-tray",
+        "context_length": model.get("context_length"),
+    }
+
+
+async def list_models(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [model_object(m) for m in _service(request).list_models()]})
+
+
+async def get_model(request: Request) -> Response:
+    return JSONResponse(model_object(_service(request).get_model(request.path_params["model_id"])))
+
+
+MODEL_ROUTES = [
+    Scoped("/models", list_models, GET="models:read"),
+    Scoped("/models/{model_id:path}", get_model, GET="models:read"),
+]
