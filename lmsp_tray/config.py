@@ -119,6 +119,7 @@ class Config:
     threads: int | None = None  # None: physical cores
     parallel: int | None = None  # sequences decoded together per model; None: from model and memory
     max_queue: int = 16  # waiting requests per model before 429
+    speculative: bool = True  # speculative decoding from prompt lookup (exact; stops where it does not pay)
     max_loaded_models: int = 3
     memory_budget_fraction: float = 0.75  # of RAM (and VRAM) that loaded models may use
     max_request_bytes: int = 8 * 1024 * 1024

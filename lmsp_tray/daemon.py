@@ -111,6 +111,7 @@ def load_options(config: Config, runtime: Runtime) -> LoadOptions:
         gpu=config.gpu,
         gpu_layers=config.gpu_layers,
         max_queue=config.max_queue,
+        speculative=config.speculative,
         kv_budget_bytes=_kv_budget(config),
     )
 

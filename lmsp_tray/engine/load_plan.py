@@ -26,6 +26,7 @@ class LoadOptions:
     gpu_layers: int | None = None  # None: all that fit
     max_queue: int = 16
     batch_size: int = 512
+    speculative: bool = True  # prompt-lookup drafts, verified in the batch (adaptive per sequence)
     kv_budget_bytes: int | None = None  # memory the KV caches of parallel sequences may take
 
 

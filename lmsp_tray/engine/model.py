@@ -162,6 +162,10 @@ class LlamaModel:
             context_per_sequence=self.context_per_sequence,
             batch_size=options.batch_size,
             max_queue=options.max_queue,
+            # A recurrent model's state cannot take back rejected draft tokens.
+            speculative=options.speculative
+            and not llama_cpp.llama_model_is_recurrent(model)
+            and not llama_cpp.llama_model_is_hybrid(model),
             on_step=self._on_step,
         )
         self._grammars = GrammarBuilder(self.id, self.vocab, self.scheduler, on_done=self._on_step)

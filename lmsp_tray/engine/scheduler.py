@@ -44,6 +44,7 @@ from lmsp_tray.engine.jobs import (
     GrammarTrigger,
 )
 from lmsp_tray.engine.sampling import GrammarError, Sampler, SamplingParams
+from lmsp_tray.engine.speculation import Drafter, DrafterFactory, Drafting, PromptLookup
 from lmsp_tray.engine.textstream import TextStream
 from lmsp_tray.errors import (
     ContextLengthExceeded,
@@ -90,9 +91,12 @@ class _Slot:
     grammar_on: bool = False  # a lazy grammar has been switched on
     admitted: int = 0  # admission order (FIFO among prompt chunks)
     last_used: float = 0.0
+    lookup: Drafter | None = None  # the job's tokens, for speculative drafts (None: not drafting)
+    drafting: Drafting | None = None
     # per step
     fed: Sequence[int] = ()
     out: int = -1
+    draft: Sequence[int] = ()
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -119,9 +123,12 @@ class Scheduler:
         batch_size: int,
         max_queue: int,
         busy_prompt_chunk: int = 256,
+        speculative: bool = True,
         on_step: Callable[[], None] | None = None,
     ) -> None:
         self._model = model
+        self._speculative = speculative
+        self.drafter: DrafterFactory = PromptLookup  # what proposes a sequence's drafts
         self._on_step = on_step
         self._slots = [_Slot(i) for i in range(parallel)]
         self._ctx_seq = context_per_sequence
@@ -138,6 +145,8 @@ class Scheduler:
         self._durations: collections.deque[float] = collections.deque(maxlen=16)
         self.steps = 0  # decode steps performed (observable by tests and the tray)
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=4096)  # tokens per recent step
+        self.drafted = 0  # speculative draft tokens verified, and of those kept (observable)
+        self.accepted = 0
         self.last_activity = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"lmsp-model-{model.id}", daemon=True)
         self._thread.start()
@@ -281,6 +290,8 @@ class Scheduler:
         slot.reused = keep
         slot.generated = 0
         slot.last_token = -1
+        slot.lookup = None
+        slot.drafting = Drafting() if self._speculative else None
         slot.stream = TextStream(job.stop, grammar_utf8=job.sampling.grammar is not None)
         sampling = job.sampling
         slot.grammar_on = False
@@ -329,11 +340,17 @@ class Scheduler:
             return
         batch = self._batch
         n = 0
+        decoding = [s for s in active if not s.pending]
+        spare = self._batch_size - len(decoding)  # room for drafts
         for slot in active:
-            slot.fed, slot.out = (), -1
-            if not slot.pending:
-                self._add(batch, n, slot.last_token, len(slot.cache), slot.seq_id, True)
-                slot.fed, slot.out = (slot.last_token,), n
+            slot.fed, slot.out, slot.draft = (), -1, ()
+        for slot in decoding:
+            draft = self._draft(slot, spare)
+            spare -= len(draft)
+            pos = len(slot.cache)
+            slot.fed, slot.out, slot.draft = (slot.last_token, *draft), n, draft
+            for j, token in enumerate(slot.fed):
+                self._add(batch, n, token, pos + j, slot.seq_id, True)
                 n += 1
         budget = (self._batch_size if n == 0 else self._busy_chunk) - n
         for slot in sorted((s for s in active if s.pending), key=lambda s: s.admitted):
@@ -359,6 +376,9 @@ class Scheduler:
         for slot in active:
             if not slot.fed:
                 continue
+            if slot.draft:
+                self._verify(slot)
+                continue
             slot.cache.extend(slot.fed)
             if slot.pending:
                 slot.pending = slot.pending[len(slot.fed) :]
@@ -370,6 +390,54 @@ class Scheduler:
                     self._finish(slot, ERROR, InternalError(f"The output constraint cannot be continued: {exc}."))
                     continue
                 self._on_token(slot, token)
+
+    def _draft(self, slot: _Slot, spare: int) -> Sequence[int]:
+        """Tokens to verify after the slot's next one (prompt lookup), within what may still fit."""
+        drafting, job = slot.drafting, slot.job
+        if drafting is None or job is None:
+            return ()
+        room = min(
+            spare,
+            self._ctx_seq - len(slot.cache) - 2,  # every drafted position must fit the window
+            job.max_tokens - slot.generated - 1,  # a step emits up to the draft and one more token
+        )
+        limit = min(drafting.limit(), room)
+        if limit <= 0:
+            return ()
+        lookup = slot.lookup
+        if lookup is None:  # indexed when first needed: the prompt and what was generated since
+            lookup = slot.lookup = self.drafter([*slot.cache, slot.last_token])
+        return lookup.draft(limit)
+
+    def _verify(self, slot: _Slot) -> None:
+        """After a speculative step: sample each position in order, keep draft tokens while they
+        equal what the sequence's own sampler picks there, and drop the rest from the KV cache."""
+        sampler, draft, base = slot.sampler, slot.draft, len(slot.cache)
+        assert sampler is not None and slot.drafting is not None
+        kept = 0
+        for i in range(len(draft) + 1):
+            try:
+                token = sampler.sample(self._model.ctx, slot.out + i)
+            except GrammarError as exc:
+                self._finish(slot, ERROR, InternalError(f"The output constraint cannot be continued: {exc}."))
+                break
+            slot.cache[base:] = slot.fed[: i + 1]  # the tokens whose KV is held, up to this position
+            self._on_token(slot, token)
+            if slot.job is None:
+                break
+            sampler = slot.sampler  # a lazy grammar may have switched on
+            assert sampler is not None
+            if i == len(draft) or token != draft[i]:
+                break
+            kept += 1
+        slot.drafting.record(len(draft), kept)
+        self.drafted += len(draft)
+        self.accepted += kept
+        mem = self._model.memory  # the rejected drafts' KV goes; the next step writes there
+        if slot.job is not None and not llama_cpp.llama_memory_seq_rm(mem, slot.seq_id, len(slot.cache), -1):
+            llama_cpp.llama_memory_seq_rm(mem, slot.seq_id, -1, -1)
+            slot.cache.clear()
+            self._finish(slot, ERROR, InternalError("The model's memory could not drop a rejected draft."))
 
     @staticmethod
     def _add(batch: Any, i: int, token: int, pos: int, seq: int, logits: bool) -> None:
@@ -421,6 +489,8 @@ class Scheduler:
             self._finish(slot, CONTEXT)
         else:
             slot.last_token = token
+            if slot.lookup is not None:
+                slot.lookup.append(token)
 
     def _finish(self, slot: _Slot, reason: str, error: LMSPError | None = None) -> None:
         job = slot.job

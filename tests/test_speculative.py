@@ -1,0 +1,242 @@
+"""Speculative decoding is exact: what the engine emits with drafts equals what it emits without.
+
+Random generated models seldom repeat themselves, so prompt lookup would rarely propose anything
+here. These tests give the scheduler drafts that are right, partly right and wrong in turn (an
+oracle that knows the output made without speculation, and spoils some of its proposals), so every
+path — a draft kept whole, kept in part, refused at once — runs through real llama.cpp batches.
+Prompt lookup itself is tested as logic below, and on Gemma by `benchmarks/edit_workload.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lmsp_tray.discovery.entry import GGUFInfo, ModelEntry
+from lmsp_tray.engine.jobs import CANCELLED, LENGTH, Finish, GenerationJob
+from lmsp_tray.engine.model import LlamaModel, LoadOptions
+from lmsp_tray.engine.runtime import Runtime
+from lmsp_tray.engine.sampling import SamplingParams
+from lmsp_tray.engine.speculation import MAX_DRAFT, Drafting, PromptLookup
+
+PROMPTS = ["hello world", "the local model", "a test of the stream", "weather in the city"]
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def entry(tmp_path_factory: pytest.TempPathFactory) -> ModelEntry:
+    from gguf_factory import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path_factory.mktemp("spec") / "tiny.gguf")
+    info = GGUFInfo(architecture="llama", context_length=512, block_count=2)
+    return ModelEntry("tiny", Path(path), "custom", path.stat().st_size, (path,), info)
+
+
+@pytest.fixture(scope="module")
+def plain(entry: ModelEntry) -> Iterator[LlamaModel]:
+    loaded = LlamaModel(Runtime(), entry, LoadOptions(parallel=4, threads=1, speculative=False))
+    yield loaded
+    loaded.close()
+
+
+@pytest.fixture
+def spec(entry: ModelEntry) -> Iterator[LlamaModel]:
+    loaded = LlamaModel(Runtime(), entry, LoadOptions(parallel=4, threads=1, speculative=True))
+    yield loaded
+    loaded.close()
+
+
+class Recorder:
+    """A drafter that proposes nothing and writes down every token of the sequence."""
+
+    def __init__(self, tokens: list[int], into: dict[tuple[int, ...], list[int]]) -> None:
+        self.tokens = list(tokens)
+        into[tuple(tokens[:-1])] = self.tokens  # keyed by the prompt
+
+    def append(self, token: int) -> None:
+        self.tokens.append(token)
+
+    def draft(self, limit: int) -> list[int]:
+        return []
+
+
+class Oracle:
+    """Proposes what the sequence is known to become, spoiling every second and third draft: one at
+    its middle token (kept in part), one at its first (refused at once)."""
+
+    def __init__(self, tokens: list[int], known: dict[tuple[int, ...], list[int]], n_vocab: int) -> None:
+        self.tokens = list(tokens)
+        self.future = known[tuple(tokens[:-1])]
+        self.n_vocab = n_vocab
+        self.calls = 0
+
+    def append(self, token: int) -> None:
+        self.tokens.append(token)
+
+    def draft(self, limit: int) -> list[int]:
+        at = len(self.tokens)
+        draft = list(self.future[at : at + limit])
+        self.calls += 1
+        if draft and self.calls % 3:
+            spoil = len(draft) // 2 if self.calls % 3 == 1 else 0
+            draft[spoil] = (draft[spoil] + 1) % self.n_vocab
+        return draft
+
+
+def submit(model: LlamaModel, prompt: str, sampling: SamplingParams, max_tokens: int, **job: object) -> queue.Queue:
+    out: queue.Queue = queue.Queue()
+    model.submit(
+        GenerationJob(prompt=model.tokenize(prompt), sampling=sampling, max_tokens=max_tokens, sink=out.put, **job)
+    )
+    return out
+
+
+def collect(out: queue.Queue, on_text: threading.Event | None = None) -> tuple[str, Finish]:
+    text = []
+    while True:
+        item = out.get(timeout=60)
+        if isinstance(item, Finish):
+            return "".join(text), item
+        if isinstance(item, str):
+            text.append(item)
+            if on_text is not None:
+                on_text.set()
+
+
+def run(model: LlamaModel, prompt: str, sampling: SamplingParams = GREEDY, max_tokens: int = 60, **job: object):
+    return collect(submit(model, prompt, sampling, max_tokens, **job))
+
+
+def record(model: LlamaModel, prompts: list[str], sampling: SamplingParams, max_tokens: int, **job: object):
+    """Every prompt's tokens and output as the speculative model makes them without drafts."""
+    known: dict[tuple[int, ...], list[int]] = {}
+    model.scheduler.drafter = lambda tokens: Recorder(tokens, known)
+    outputs = {p: run(model, p, sampling, max_tokens, **job) for p in prompts}
+    model.scheduler.drafter = lambda tokens: Oracle(tokens, known, model.n_vocab)
+    return outputs
+
+
+def drafts_ran(model: LlamaModel) -> None:
+    scheduler = model.scheduler
+    assert scheduler is not None
+    assert scheduler.accepted > 0, "no draft token was ever kept"
+    assert scheduler.drafted > scheduler.accepted, "no draft token was ever refused"
+
+
+def test_greedy_output_is_identical_with_drafts_kept_and_refused(plain: LlamaModel, spec: LlamaModel) -> None:
+    expected = {p: run(plain, p) for p in PROMPTS}
+    assert record(spec, PROMPTS, GREEDY, 60) == expected
+    steps = spec.scheduler.steps
+    for p in PROMPTS:
+        text, finish = run(spec, p)
+        assert (text, finish.reason, finish.output_tokens) == (expected[p][0], LENGTH, 60)
+    drafts_ran(spec)
+    assert spec.scheduler.steps - steps < steps, "drafts kept should save decode steps"
+
+
+def test_greedy_output_is_identical_batched_with_three_others(plain: LlamaModel, spec: LlamaModel) -> None:
+    expected = {p: run(plain, p)[0] for p in PROMPTS}
+    record(spec, PROMPTS, GREEDY, 60)
+    barrier = threading.Barrier(len(PROMPTS))
+    results: dict[str, str] = {}
+
+    def together(p: str) -> None:
+        barrier.wait()
+        results[p] = run(spec, p)[0]
+
+    threads = [threading.Thread(target=together, args=(p,)) for p in PROMPTS]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == expected
+    drafts_ran(spec)
+    assert max(spec.stats(batches=True).batch_sizes) > len(PROMPTS), "drafts should have shared the others' steps"
+
+
+def test_seeded_sampling_is_unchanged_by_drafts(plain: LlamaModel, spec: LlamaModel) -> None:
+    sampling = SamplingParams(temperature=1.0, seed=1234)
+    expected = {p: run(plain, p, sampling)[0] for p in PROMPTS}
+    record(spec, PROMPTS, sampling, 60)
+    assert {p: run(spec, p, sampling)[0] for p in PROMPTS} == expected
+    drafts_ran(spec)
+
+
+def test_grammar_constrained_output_stays_valid_and_identical(plain: LlamaModel, spec: LlamaModel) -> None:
+    grammar = r"""root ::= "[" item ("," item)* "]"
+item ::= "{\"a\":" num "}"
+num ::= [1-9] [0-9]? | "0"
+"""
+    sampling = SamplingParams(temperature=0.0, grammar=grammar)
+    expected = {p: run(plain, p, sampling, 48) for p in PROMPTS}
+    record(spec, PROMPTS, sampling, 48)
+    for p in PROMPTS:
+        text, finish = run(spec, p, sampling, 48)
+        assert text == expected[p][0]
+        assert finish.reason != LENGTH, "the grammar's document should close within the limit"
+        items = json.loads(text)
+        assert all(set(item) == {"a"} and isinstance(item["a"], int) for item in items)
+    drafts_ran(spec)
+
+
+def test_cancelling_a_speculative_sequence_leaves_the_others_unchanged(plain: LlamaModel, spec: LlamaModel) -> None:
+    others = PROMPTS[1:]
+    expected = {p: run(plain, p, max_tokens=200)[0] for p in others}
+    record(spec, PROMPTS, GREEDY, 200)
+    doomed_out: queue.Queue = queue.Queue()
+    doomed = GenerationJob(prompt=spec.tokenize(PROMPTS[0]), sampling=GREEDY, max_tokens=200, sink=doomed_out.put)
+    spec.submit(doomed)
+    outs = {p: submit(spec, p, GREEDY, 200) for p in others}
+    first = threading.Event()
+    result: list[Finish] = []
+    waiter = threading.Thread(target=lambda: result.append(collect(doomed_out, first)[1]))
+    waiter.start()
+    assert first.wait(30)
+    doomed.cancel()
+    waiter.join(30)
+    assert {p: collect(out)[0] for p, out in outs.items()} == expected
+    assert result[0].reason == CANCELLED and result[0].output_tokens < 200
+    drafts_ran(spec)
+
+
+# -- prompt lookup and the adaptive draft length, as logic ------------------------------------------
+def test_prompt_lookup_proposes_what_followed_the_latest_earlier_occurrence() -> None:
+    lookup = PromptLookup([1, 2, 3, 4, 5, 9, 2, 3, 4, 7, 8, 1, 2, 3])
+    assert lookup.draft(3) == [4, 5, 9]  # (1, 2, 3) began the sequence
+    lookup.append(4)
+    assert lookup.draft(2) == [7, 8]  # (2, 3, 4) last seen before 7
+    lookup.append(6)
+    assert lookup.draft(4) == []  # (4, 6) and (6,) never seen before
+    assert PromptLookup([5]).draft(4) == []
+    assert PromptLookup([]).draft(4) == []
+    assert PromptLookup([1, 2, 1, 2]).draft(0) == []
+
+
+def test_prompt_lookup_prefers_the_longer_match() -> None:
+    # (8, 2, 3) occurred once, followed by 50; (2, 3) occurred later, followed by 60.
+    lookup = PromptLookup([8, 2, 3, 50, 0, 2, 3, 60, 8, 2, 3])
+    assert lookup.draft(1) == [50]
+
+
+def test_drafting_grows_on_success_and_pauses_after_misses() -> None:
+    drafting = Drafting()
+    first = drafting.limit()
+    drafting.record(first, first)
+    assert drafting.limit() == 2 * first
+    for _ in range(5):
+        drafting.record(drafting.length, drafting.length)
+    assert drafting.limit() == MAX_DRAFT
+    drafting.record(MAX_DRAFT, 3)
+    assert drafting.limit() == 4
+    for _ in range(3):
+        drafting.record(drafting.limit(), 0)
+    paused = [drafting.limit() for _ in range(8)]
+    assert paused == [0] * 8 and drafting.limit() > 0
+    for _ in range(3):  # failing again pauses longer
+        drafting.record(drafting.limit(), 0)
+    assert [drafting.limit() for _ in range(16)] == [0] * 16
