@@ -53,6 +53,11 @@ class Paths:
         return self.runtime_dir / "service.json"
 
     @property
+    def prompt_cache_dir(self) -> Path:
+        """Saved KV states of conversations (`engine.prompt_cache`), restored after unload or restart."""
+        return self.cache_dir / "prompt-cache"
+
+    @property
     def log_dir(self) -> Path:
         return self.cache_dir / "logs"
 
@@ -120,6 +125,7 @@ class Config:
     parallel: int | None = None  # sequences decoded together per model; None: from model and memory
     max_queue: int = 16  # waiting requests per model before 429
     speculative: bool = True  # speculative decoding from prompt lookup (exact; stops where it does not pay)
+    prompt_cache_gib: float = 4.0  # disk for saved conversation states (restored after unload/restart); 0: off
     max_loaded_models: int = 3
     memory_budget_fraction: float = 0.75  # of RAM (and VRAM) that loaded models may use
     max_request_bytes: int = 8 * 1024 * 1024
@@ -211,10 +217,14 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         if not isinstance(value, str) or value not in {"auto", "off"}:
             raise ConfigError(f"{where}: expected 'auto' or 'off'")
         return value
-    if name in {"default_dirs", "demo_model"}:
+    if name in {"default_dirs", "demo_model", "speculative"}:
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: expected true or false")
         return value
+    if name == "prompt_cache_gib":
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            raise ConfigError(f"{where}: expected a size in GiB (0 turns the prompt cache off)")
+        return float(value)
     if name == "memory_budget_fraction":
         if not isinstance(value, (int, float)) or not 0 < value <= 1:
             raise ConfigError(f"{where}: expected a number in (0, 1]")

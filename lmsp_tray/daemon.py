@@ -103,8 +103,12 @@ def build_catalog(paths: Paths, config: Config) -> Catalog:
     return Catalog.from_config(paths, config)
 
 
-def load_options(config: Config, runtime: Runtime) -> LoadOptions:
+def load_options(config: Config, runtime: Runtime, paths: Paths | None = None) -> LoadOptions:
+    """How models load; with `paths`, their prompt cache goes under the cache folder (if turned on)."""
+    cache = paths is not None and config.prompt_cache_gib > 0
     return LoadOptions(
+        prompt_cache_dir=str(paths.prompt_cache_dir) if paths is not None and cache else None,
+        prompt_cache_bytes=int(config.prompt_cache_gib * (1 << 30)) if cache else 0,
         context_cap=config.context_cap,
         parallel=config.parallel,
         threads=config.threads,
@@ -196,7 +200,7 @@ class Daemon:
         self.runtime = Runtime()
         self.models = ModelManager(
             self.runtime,
-            load_options(config, self.runtime),
+            load_options(config, self.runtime, paths),
             budget=memory_budget(config, self.runtime),
             keep_alive=config.keep_alive,
         )
@@ -341,7 +345,7 @@ class Daemon:
             self.catalog.replace_sources(default_sources(self.paths, config))
             self.watcher.rescan()
         self.models.reconfigure(
-            load_options(config, self.runtime),
+            load_options(config, self.runtime, self.paths),
             memory_budget(config, self.runtime),
             keep_alive=config.keep_alive if "keep_alive" in values else DEFAULT,
         )

@@ -27,6 +27,8 @@ class LoadOptions:
     max_queue: int = 16
     batch_size: int = 512
     speculative: bool = True  # prompt-lookup drafts, verified in the batch (adaptive per sequence)
+    prompt_cache_dir: str | None = None  # where sequence states are saved at unload/idle (None: not saved)
+    prompt_cache_bytes: int = 0  # the folder's budget (least recently used files go first)
     kv_budget_bytes: int | None = None  # memory the KV caches of parallel sequences may take
 
 

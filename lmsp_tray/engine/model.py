@@ -18,6 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import llama_cpp
@@ -27,6 +28,7 @@ from lmsp_tray.engine.grammars import GrammarBuilder
 from lmsp_tray.engine.jobs import GenerationJob
 from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan, plan_load
 from lmsp_tray.engine.loaded import ModelStats, Placement
+from lmsp_tray.engine.prompt_cache import PromptCache, cache_key
 from lmsp_tray.engine.prompt_tokens import PromptTokenizer, SpecialToken, turn_markers
 from lmsp_tray.engine.runtime import Runtime, physical_cores
 from lmsp_tray.engine.scheduler import Scheduler
@@ -156,19 +158,46 @@ class LlamaModel:
                 else f"CPU, {threads} threads"
             ),
         )
+        # A recurrent model's state cannot take back rejected draft tokens, nor be cut to a prefix.
+        recurrent = llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model)
+        self.prompt_cache = None
+        if options.prompt_cache_dir and options.prompt_cache_bytes > 0 and not recurrent:
+            self.prompt_cache = self._prompt_cache(entry, options, cparams, gpu_layers)
         self.scheduler = Scheduler(
             self,
             parallel=self.parallel,
             context_per_sequence=self.context_per_sequence,
             batch_size=options.batch_size,
             max_queue=options.max_queue,
-            # A recurrent model's state cannot take back rejected draft tokens.
-            speculative=options.speculative
-            and not llama_cpp.llama_model_is_recurrent(model)
-            and not llama_cpp.llama_model_is_hybrid(model),
+            speculative=options.speculative and not recurrent,
+            prompt_cache=self.prompt_cache,
             on_step=self._on_step,
         )
         self._grammars = GrammarBuilder(self.id, self.vocab, self.scheduler, on_done=self._on_step)
+
+    def _prompt_cache(
+        self, entry: ModelEntry, options: LoadOptions, cparams: Any, gpu_layers: int
+    ) -> PromptCache | None:
+        """This model's saved states, keyed by the file and everything that shapes its KV cache."""
+        assert options.prompt_cache_dir is not None
+        params = {
+            "context_per_sequence": self.context_per_sequence,
+            "type_k": cparams.type_k,
+            "type_v": cparams.type_v,
+            "flash_attn": cparams.flash_attn_type,
+            "rope": (cparams.rope_scaling_type, cparams.rope_freq_base, cparams.rope_freq_scale),
+            "yarn": (cparams.yarn_ext_factor, cparams.yarn_attn_factor, cparams.yarn_orig_ctx),
+            "swa_full": cparams.swa_full,
+            "kv_unified": cparams.kv_unified,
+            "gpu_layers": gpu_layers,
+            "llama_cpp": llama_cpp.__version__,
+        }
+        try:
+            key = cache_key(entry.path, params)
+            return PromptCache(Path(options.prompt_cache_dir), entry.path, key, options.prompt_cache_bytes)
+        except OSError as exc:
+            log.warning("%s: no prompt cache (%s)", self.id, exc)
+            return None
 
     # -- vocabulary and template ----------------------------------------------------------------
     def _explain(self, runtime: Runtime, mark: int, headline: str) -> str:
@@ -389,6 +418,12 @@ class LlamaModel:
             if self._grammars is not None:
                 self._grammars.close()  # anything still being compiled ends 503 (the scheduler stopped)
                 self._grammars = None
+            if self.prompt_cache is not None and self._ctx:
+                try:  # the scheduler's thread has stopped: the context is this thread's now
+                    self.scheduler.save_states()
+                except Exception:
+                    log.exception("%s: could not save the prompt cache", self.id)
+                self.prompt_cache.close()  # the writes finish before the context (and process) go
             self.scheduler.close()
             self.scheduler = None
         if self._ctx:

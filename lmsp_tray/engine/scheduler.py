@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import llama_cpp
 
+from lmsp_tray.engine import kv_states
 from lmsp_tray.engine.admission import too_many, unloading
 from lmsp_tray.engine.jobs import (
     CANCELLED,
@@ -43,6 +44,7 @@ from lmsp_tray.engine.jobs import (
     GrammarOn,
     GrammarTrigger,
 )
+from lmsp_tray.engine.prompt_cache import MIN_TOKENS, PromptCache
 from lmsp_tray.engine.sampling import GrammarError, Sampler, SamplingParams
 from lmsp_tray.engine.speculation import Drafter, DrafterFactory, Drafting, PromptLookup
 from lmsp_tray.engine.textstream import TextStream
@@ -58,6 +60,9 @@ if TYPE_CHECKING:
     from lmsp_tray.engine.model import LlamaModel
 
 log = logging.getLogger("lmsp_tray.engine")
+
+IDLE_SAVE_S = 30.0  # a model idle this long writes its sequences' states to the prompt cache
+RESTORE_GAIN = 64  # a saved state is restored when it covers this many more prompt tokens than memory
 
 
 @dataclass(eq=False)
@@ -93,6 +98,7 @@ class _Slot:
     last_used: float = 0.0
     lookup: Drafter | None = None  # the job's tokens, for speculative drafts (None: not drafting)
     drafting: Drafting | None = None
+    saved: bool = True  # the prompt cache holds this sequence's KV as it is now (or need not)
     # per step
     fed: Sequence[int] = ()
     out: int = -1
@@ -124,10 +130,14 @@ class Scheduler:
         max_queue: int,
         busy_prompt_chunk: int = 256,
         speculative: bool = True,
+        prompt_cache: PromptCache | None = None,
+        idle_save_s: float = IDLE_SAVE_S,
         on_step: Callable[[], None] | None = None,
     ) -> None:
         self._model = model
         self._speculative = speculative
+        self.prompt_cache = prompt_cache
+        self._idle_save_s = idle_save_s
         self.drafter: DrafterFactory = PromptLookup  # what proposes a sequence's drafts
         self._on_step = on_step
         self._slots = [_Slot(i) for i in range(parallel)]
@@ -218,13 +228,21 @@ class Scheduler:
     def _run(self) -> None:
         try:
             while True:
+                save = False
                 with self._cond:
                     while not self._stopping and not self._queue and all(s.job is None for s in self._slots):
                         self._cond.notify_all()  # wakes a draining stop()
-                        self._cond.wait()
+                        if self.prompt_cache is None or all(s.saved for s in self._slots):
+                            self._cond.wait()
+                        elif not self._cond.wait(self._idle_save_s) and not self._queue and not self._stopping:
+                            save = True  # idle a while with unsaved sequences: save them now
+                            break
                     if self._stopping:
                         break
-                    admitted = self._admit()
+                    admitted = [] if save else self._admit()
+                if save:
+                    self.save_states()
+                    continue
                 for slot in admitted:
                     self._prepare(slot)
                 self._step()
@@ -280,7 +298,11 @@ class Scheduler:
         job = slot.job
         assert job is not None
         job.started_at = time.monotonic()
+        if self.prompt_cache is not None:
+            self._restore(slot, job.prompt)
         keep = min(common_prefix(slot.cache, job.prompt), len(job.prompt) - 1)
+        if keep < len(slot.cache):
+            slot.saved = False
         mem = self._model.memory
         if not llama_cpp.llama_memory_seq_rm(mem, slot.seq_id, keep, -1):
             llama_cpp.llama_memory_seq_rm(mem, slot.seq_id, -1, -1)
@@ -304,6 +326,34 @@ class Scheduler:
             slot.sampler, prepared.initial = prepared.initial, None
         else:
             slot.sampler = self._new_sampler(slot, sampling)
+
+    def _restore(self, slot: _Slot, prompt: Sequence[int]) -> None:
+        """Load a saved state into the slot when it covers much more of `prompt` than the slot holds."""
+        cache = self.prompt_cache
+        assert cache is not None
+        saved, length = cache.best(prompt)
+        if saved is None or min(length, len(prompt) - 1) < common_prefix(slot.cache, prompt) + RESTORE_GAIN:
+            return
+        slot.cache.clear()
+        if kv_states.restore(self._model.ctx, self._model.memory, slot.seq_id, cache, saved):
+            slot.cache = list(saved.tokens)
+            slot.saved = True
+            log.info("%s: restored %d tokens from the prompt cache", self._model.id, len(saved.tokens))
+
+    def save_states(self) -> None:
+        """Hand every sequence's KV state not yet saved to the prompt cache's writer (on this thread,
+        or on another once this one has stopped: the copy out of the context is all it costs here)."""
+        cache = self.prompt_cache
+        if cache is None:
+            return
+        for slot in self._slots:
+            if slot.saved or slot.job is not None:
+                continue
+            slot.saved = True
+            if len(slot.cache) >= MIN_TOKENS and not cache.holds(slot.cache):
+                state = kv_states.copy_out(self._model.ctx, slot.seq_id)
+                if state is not None:
+                    cache.save(slot.cache, state)
 
     def _new_sampler(self, slot: _Slot, sampling: SamplingParams) -> Sampler | None:
         """A sampler for the slot's request; None (and the request ended) if its grammar won't compile."""
@@ -380,6 +430,7 @@ class Scheduler:
                 self._verify(slot)
                 continue
             slot.cache.extend(slot.fed)
+            slot.saved = False
             if slot.pending:
                 slot.pending = slot.pending[len(slot.fed) :]
             if slot.out >= 0:
@@ -413,6 +464,7 @@ class Scheduler:
         """After a speculative step: sample each position in order, keep draft tokens while they
         equal what the sequence's own sampler picks there, and drop the rest from the KV cache."""
         sampler, draft, base = slot.sampler, slot.draft, len(slot.cache)
+        slot.saved = False
         assert sampler is not None and slot.drafting is not None
         kept = 0
         for i in range(len(draft) + 1):
@@ -434,7 +486,7 @@ class Scheduler:
         self.drafted += len(draft)
         self.accepted += kept
         mem = self._model.memory  # the rejected drafts' KV goes; the next step writes there
-        if slot.job is not None and not llama_cpp.llama_memory_seq_rm(mem, slot.seq_id, len(slot.cache), -1):
+        if not llama_cpp.llama_memory_seq_rm(mem, slot.seq_id, len(slot.cache), -1) and slot.job is not None:
             llama_cpp.llama_memory_seq_rm(mem, slot.seq_id, -1, -1)
             slot.cache.clear()
             self._finish(slot, ERROR, InternalError("The model's memory could not drop a rejected draft."))

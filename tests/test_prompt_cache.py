@@ -1,0 +1,226 @@
+"""The prompt cache on disk: states saved at unload come back after a real restart, bad files never load.
+
+Real llama.cpp on generated GGUFs: a model process (a real child process) saves
+its sequence's state when it closes, and a new one restores it — the continued
+turn equals the same conversation continued in memory, and the restored tokens
+count as cached. A file saved with other settings, a truncated one, one with a
+flipped byte and one from another model are each refused and removed (and the
+request is answered as without a cache). The disk budget evicts the least
+recently used file.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from gguf_factory import write_tiny_gguf
+
+from lmsp_tray.discovery.entry import ModelEntry
+from lmsp_tray.discovery.gguf_header import read_gguf_info
+from lmsp_tray.engine.jobs import LENGTH, Finish, GenerationJob
+from lmsp_tray.engine.load_plan import LoadOptions, plan_load
+from lmsp_tray.engine.model import LlamaModel
+from lmsp_tray.engine.process import ModelProcess
+from lmsp_tray.engine.prompt_cache import SUFFIX, PromptCache, model_folder
+from lmsp_tray.engine.runtime import Runtime
+from lmsp_tray.engine.sampling import SamplingParams
+
+WORDS = ["hello", "world", "the", "local", "model", "a", "test", "of", "the", "stream", "weather", "in", "the", "city"]
+
+
+def entry_for(path: Path, model_id: str = "tiny") -> ModelEntry:
+    return ModelEntry(model_id, path, "custom", path.stat().st_size, (path,), read_gguf_info(path))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("pc") / "tiny.gguf")
+
+
+@pytest.fixture(scope="module")
+def other(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("pc-other") / "other.gguf", seed=7)
+
+
+def options(cache: Path | None, **more: object) -> LoadOptions:
+    return LoadOptions(
+        threads=1,
+        parallel=1,
+        speculative=False,
+        prompt_cache_dir=str(cache) if cache else None,
+        prompt_cache_bytes=1 << 30 if cache else 0,
+        **more,
+    )
+
+
+def history(model: LlamaModel | ModelProcess) -> list[int]:
+    """About 320 tokens: more than the cache's minimum, leaving room in the 512-token window."""
+    text = " ".join(WORDS[(i * 7) % len(WORDS)] for i in range(400))
+    return model.tokenize_prompt(text)[:320]
+
+
+def run(model: LlamaModel | ModelProcess, prompt: list[int], tokens: int = 16) -> tuple[str, Finish]:
+    out: queue.Queue = queue.Queue()
+    model.submit(GenerationJob(prompt, SamplingParams(temperature=0.0), tokens, out.put))
+    text = []
+    while not isinstance(item := out.get(timeout=60), Finish):
+        text.append(item)
+    return "".join(text), item
+
+
+def saved_files(cache: Path) -> list[Path]:
+    return sorted(cache.rglob(f"*{SUFFIX}"))
+
+
+@pytest.fixture
+def load(tmp_path: Path) -> Iterator:
+    loaded: list[LlamaModel] = []
+
+    def make(path: Path, opts: LoadOptions) -> LlamaModel:
+        model = LlamaModel(Runtime(), entry_for(path), opts)
+        loaded.append(model)
+        return model
+
+    yield make
+    for model in loaded:
+        model.close()
+
+
+def test_a_state_saved_at_unload_is_restored_after_a_process_restart(tiny: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "prompt-cache"
+    entry = entry_for(tiny)
+
+    def start(opts: LoadOptions) -> ModelProcess:
+        return ModelProcess(entry, opts, plan_load(entry, opts, gpu_free_bytes=None, cores=1))
+
+    first = start(options(cache))
+    try:
+        earlier = history(first)
+        assert len(earlier) == 320
+        question = first.tokenize_prompt(" the city weather", at_most=None)[1:]
+        run(first, earlier)
+    finally:
+        first.close()  # the unload writes the sequence's state
+    assert len(saved_files(cache)) == 1
+
+    # The same conversation continued in memory, with no cache at all.
+    plain = start(options(None))
+    try:
+        run(plain, earlier)
+        in_memory, reused = run(plain, earlier + question)
+    finally:
+        plain.close()
+    assert reused.cached_tokens >= len(earlier)
+
+    second = start(options(cache))  # a new process: nothing in memory, the file on disk
+    try:
+        assert second.pid != first.pid
+        restored, finish = run(second, earlier + question)
+    finally:
+        second.close()
+    assert restored == in_memory
+    assert (finish.reason, finish.cached_tokens) == (LENGTH, reused.cached_tokens)
+
+
+def save_one(load, path: Path, cache: Path, **more: object) -> tuple[list[int], str]:
+    model = load(path, options(cache, **more))
+    prompt = history(model)
+    run(model, prompt)
+    model.close()
+    files = saved_files(cache)
+    assert len(files) == 1
+    return prompt, files[0].name
+
+
+def continue_fresh(load, path: Path, cache: Path, prompt: list[int], **more: object) -> Finish:
+    model = load(path, options(cache, **more))
+    text, finish = run(model, prompt + prompt[1:40])
+    fresh = load(path, options(None, **more))
+    assert run(fresh, prompt + prompt[1:40])[0] == text  # a refused file changes nothing but the time
+    return finish
+
+
+def test_the_cache_restores_in_process_and_counts_restored_tokens(load, tiny: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "pc"
+    prompt, _ = save_one(load, tiny, cache)
+    finish = continue_fresh(load, tiny, cache, prompt)
+    assert finish.cached_tokens >= len(prompt)
+
+
+def test_a_state_saved_with_other_settings_is_refused_and_removed(
+    load, tmp_path_factory: pytest.TempPathFactory, caplog
+) -> None:
+    roomy = write_tiny_gguf(tmp_path_factory.mktemp("roomy") / "roomy.gguf", context_length=2048)
+    cache = tmp_path_factory.mktemp("pc")
+    prompt, _ = save_one(load, roomy, cache, context_cap=2048)
+    finish = continue_fresh(load, roomy, cache, prompt, context_cap=1024)  # a smaller KV cache per sequence
+    assert finish.cached_tokens == 0
+    assert saved_files(cache) == []
+    assert "saved for another model file or other settings" in caplog.text
+
+
+def test_a_truncated_file_is_refused_and_removed(load, tiny: Path, tmp_path: Path, caplog) -> None:
+    cache = tmp_path / "pc"
+    prompt, _ = save_one(load, tiny, cache)
+    path = saved_files(cache)[0]
+    with path.open("r+b") as fh:
+        fh.truncate(path.stat().st_size - 1000)
+    finish = continue_fresh(load, tiny, cache, prompt)
+    assert finish.cached_tokens == 0
+    assert not path.exists()
+    assert "truncated or padded" in caplog.text
+
+
+def test_a_flipped_byte_is_refused_and_removed(load, tiny: Path, tmp_path: Path, caplog) -> None:
+    cache = tmp_path / "pc"
+    prompt, _ = save_one(load, tiny, cache)
+    path = saved_files(cache)[0]
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01  # inside the KV state, past the header and the tokens
+    path.write_bytes(bytes(data))
+    finish = continue_fresh(load, tiny, cache, prompt)
+    assert finish.cached_tokens == 0
+    assert not path.exists()
+    assert "checksum mismatch" in caplog.text
+
+
+def test_a_file_from_another_model_is_refused_and_removed(
+    load, tiny: Path, other: Path, tmp_path: Path, caplog
+) -> None:
+    cache = tmp_path / "pc"
+    prompt, _ = save_one(load, other, cache)
+    foreign = saved_files(cache)[0]
+    ours = model_folder(cache, tiny)
+    ours.mkdir(parents=True)
+    shutil.copy(foreign, ours / foreign.name)
+    finish = continue_fresh(load, tiny, cache, prompt)
+    assert finish.cached_tokens == 0
+    assert not (ours / foreign.name).exists()
+    assert foreign.exists()  # the other model's own file is its own business
+    assert "saved for another model file or other settings" in caplog.text
+
+
+def test_the_disk_budget_evicts_the_least_recently_used(tmp_path: Path, tiny: Path) -> None:
+    key = b"k" * 32
+    state = os.urandom(100_000)
+    size = 100_000 + 4 * 300 + 64
+    cache = PromptCache(tmp_path, tiny, key, budget_bytes=int(size * 2.5))
+    a, b, c = ([i] * 300 for i in (1, 2, 3))
+    cache.save(a, state)
+    cache.save(b, state)
+    cache.close()
+    (saved_a, _), (saved_b, _) = cache.best(a + [9]), cache.best(b + [9])
+    assert saved_a is not None and saved_b is not None
+    os.utime(saved_a.path, (1, 1))
+    os.utime(saved_b.path, (2, 2))
+    assert cache.load(saved_a) is not None  # a restore makes `a` the most recently used
+    cache.save(c, state)
+    cache.close()
+    assert saved_a.path.exists() and not saved_b.path.exists()
+    assert [len(s.tokens) for s in cache.entries] == [300, 300]
+    assert PromptCache(tmp_path, tiny, key, budget_bytes=1 << 20).best(b)[1] == 0  # gone from disk too
