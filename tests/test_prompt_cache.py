@@ -224,3 +224,22 @@ def test_the_disk_budget_evicts_the_least_recently_used(tmp_path: Path, tiny: Pa
     assert saved_a.path.exists() and not saved_b.path.exists()
     assert [len(s.tokens) for s in cache.entries] == [300, 300]
     assert PromptCache(tmp_path, tiny, key, budget_bytes=1 << 20).best(b)[1] == 0  # gone from disk too
+
+
+def test_over_http_the_unloaded_conversation_resumes_from_disk(daemon_factory) -> None:
+    import httpx
+    from support import TINY_ID, body
+
+    live = daemon_factory(keep_alive=None, parallel=1)
+    text = " ".join(WORDS[(i * 5) % len(WORDS)] for i in range(70))  # about 350 tokens in the template
+    with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
+        before = c.get(f"/models/{TINY_ID}").json()["extensions"]["lmsp_tray"]
+        assert before["prompt_cache_bytes"] == 0
+        first = c.post("/responses", json=body(text, max_output_tokens=8)).json()
+        assert first["usage"]["input_tokens"] >= 256
+        c.post(f"/models/{TINY_ID}/unload").raise_for_status()  # the state is written as it unloads
+        size = c.get(f"/models/{TINY_ID}").json()["extensions"]["lmsp_tray"]["prompt_cache_bytes"]
+        assert size > 0
+        again = c.post("/responses", json=body(text + " again", max_output_tokens=8)).json()
+    cached = again["usage"]["input_tokens_details"]["cached_tokens"]
+    assert cached >= first["usage"]["input_tokens"] - 20  # all but the end of the prompt, restored from disk

@@ -26,11 +26,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from lmsp_tray.discovery.entry import ModelEntry
 from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan, plan_load
 from lmsp_tray.engine.loaded import LoadedModel
+from lmsp_tray.engine.prompt_cache import folder_bytes, model_folder
 from lmsp_tray.engine.runtime import Runtime, physical_cores
 from lmsp_tray.errors import InsufficientMemory, LMSPError, ModelLoadFailed, ServiceUnavailable
 
@@ -299,6 +301,13 @@ class ModelManager:
             record.error = error
             self._set(model.id, record, ERROR)
         threading.Thread(target=model.close, name="lmsp-reap-crashed", daemon=True).start()
+
+    def prompt_cache_bytes(self, entry: ModelEntry) -> int | None:
+        """What `entry`'s saved sequence states take on disk (None: the prompt cache is off)."""
+        root = self._options.prompt_cache_dir
+        if not root or self._options.prompt_cache_bytes <= 0:
+            return None
+        return folder_bytes(model_folder(Path(root), entry.path))
 
     def unload(self, model_id: str, *, drain: bool = True) -> bool:
         """Unload a model; with `drain`, its running and queued requests finish first."""

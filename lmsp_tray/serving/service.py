@@ -287,7 +287,12 @@ class Service:
         ]
 
     def get_model(self, model_id: str) -> dict[str, Any]:
-        return self.model_object(self.entry(model_id))
+        entry = self.entry(model_id)
+        obj = self.model_object(entry)
+        cached = self.models.prompt_cache_bytes(entry)  # one folder's few files: cheap enough here
+        if cached is not None:
+            obj["extensions"]["lmsp_tray"]["prompt_cache_bytes"] = cached
+        return obj
 
     async def load_model(self, model_id: str) -> dict[str, Any]:
         entry = self.entry(model_id)
