@@ -1,0 +1,153 @@
+"""Resuming a long conversation after the model was unloaded, and after the service restarted.
+
+    .venv/bin/python benchmarks/resume.py [--history-turns 48]
+
+A 48-turn conversation (about 5,700 tokens, Gemma 3 270M, same threads for every
+peer) is evaluated once; then the next turn's time to first token is measured:
+
+  lmsp-tray, prompt cache on    after POST /models/{id}/unload, and after the service restarted
+                                (SIGTERM: its model processes save as they close)
+  lmsp-tray, prompt cache off   after an unload: the whole history evaluated again (cold prefill)
+  llama-server -np 1            restarted with the same history: cold prefill
+  llama-server slot restore     --slot-save-path: saved by hand before the restart, restored by hand
+                                after it (POST /slots/0?action=restore), then the turn
+
+Also the unload's own time (the request until the model is idle again, the write included), the
+saved file's size, and cold prefill lmsp-tray / llama-server. One round: each cold prefill takes
+tens of seconds on two cores; compare the ratios, which are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+from common import BENCH_SCOPES, CACHE, GEMMA_ID, ServiceURL, free_port, gemma_path, physical_cores, wait_http
+from long_history import history, stream_llama_server
+from throughput import history_prompt, llama_server, lmsp_history_turn
+
+
+@contextlib.contextmanager
+def service_home(model: Path, threads: int, config: str) -> Iterator[tuple[Path, dict[str, str]]]:
+    """A home folder with the model and a token, for services started (and restarted) in it."""
+    with tempfile.TemporaryDirectory() as home:
+        models = Path(home) / "models-in"
+        models.mkdir()
+        (models / model.name).symlink_to(model)
+        (Path(home) / "config").mkdir()
+        (Path(home) / "config" / "config.toml").write_text(
+            f"threads = {threads}\ndemo_model = false\nparallel = 1\nkeep_alive = '1h'\n{config}"
+        )
+        env = {**os.environ, "LMSP_TRAY_HOME": home}
+        scopes = [arg for scope in BENCH_SCOPES for arg in ("--scope", scope)]
+        made = subprocess.run(
+            [sys.executable, "-m", "lmsp_tray", "tokens", "create", "--name", "bench", *scopes],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
+        yield Path(home), {"Authorization": f"Bearer {made.stdout.strip()}"}
+
+
+@contextlib.contextmanager
+def serve(home: Path, headers: dict[str, str]) -> Iterator[ServiceURL]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lmsp_tray", "serve", "--port", str(port), "--models-dir", str(home / "models-in")]
+        + ["--no-default-dirs"],
+        env={**os.environ, "LMSP_TRAY_HOME": str(home)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = ServiceURL(f"http://127.0.0.1:{port}/lmsp/v1", headers)
+    try:
+        wait_http(url)
+        yield url
+    finally:
+        proc.terminate()  # SIGTERM: the service closes its models, which save their states
+        proc.wait(120)
+
+
+def cache_bytes(home: Path) -> int:
+    return sum(p.stat().st_size for p in (home / "cache" / "prompt-cache").rglob("*.kvstate"))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--history-turns", type=int, default=48)
+    args = parser.parse_args()
+    threads = physical_cores()
+    model = gemma_path()
+    binary = CACHE / "llama-server-0.3.36" / "bin" / "llama-server"
+    base = history(args.history_turns)
+    q1, q2, q3 = (f"Turn {i} of today: what should the keeper do next, in one line?" for i in (1, 2, 3))
+    rows: dict[str, float] = {}
+    with httpx.Client(timeout=900) as c:
+        with service_home(model, threads, "") as (home, headers):
+            with serve(home, headers) as url:
+                cold, reply, new = lmsp_history_turn(c, url, base, q1)
+                rows["lmsp-tray cold prefill (first turn)"] = cold
+                print(f"history: {new} prompt tokens evaluated cold in {cold:.2f} s", flush=True)
+                turns = [*base, (q1, reply)]
+                start = time.perf_counter()
+                c.post(f"{url}/models/{GEMMA_ID}/unload", headers=url.headers).raise_for_status()
+                rows["lmsp-tray unload, state written (s)"] = time.perf_counter() - start
+                size = c.get(f"{url}/models/{GEMMA_ID}", headers=url.headers).json()["extensions"]["lmsp_tray"]
+                print(f"saved: {size.get('prompt_cache_bytes', 0) / 2**20:.1f} MiB", flush=True)
+                ttft, reply, new = lmsp_history_turn(c, url, turns, q2)
+                rows["lmsp-tray resume after unload"] = ttft
+                print(f"after unload: {ttft * 1000:.0f} ms, {new} new tokens", flush=True)
+                turns.append((q2, reply))
+            with serve(home, headers) as url:
+                c.post(f"{url}/models/{GEMMA_ID}/load", headers=url.headers).raise_for_status()
+                ttft, reply, new = lmsp_history_turn(c, url, turns, q3)
+                rows["lmsp-tray resume after restart"] = ttft
+                print(f"after restart: {ttft * 1000:.0f} ms, {new} new tokens ({cache_bytes(home) / 2**20:.1f} MiB)")
+        with service_home(model, threads, "prompt_cache_gib = 0\n") as (home, headers), serve(home, headers) as url:
+            lmsp_history_turn(c, url, base, q1, tokens=2)
+            c.post(f"{url}/models/{GEMMA_ID}/unload", headers=url.headers).raise_for_status()
+            ttft, _, new = lmsp_history_turn(c, url, turns, q2)
+            rows["(a) lmsp-tray, cache off, after unload"] = ttft
+            print(f"cache off: {ttft:.2f} s, {new} new tokens", flush=True)
+        prompt = history_prompt([*base, (q1, turns[len(base)][1])], q2)
+        with tempfile.TemporaryDirectory() as slots:
+            extra = ("--swa-full", "--slot-save-path", slots + "/")
+            with llama_server(binary, model, parallel=1, threads=threads, extra=extra) as ls:
+                ttft, _ = stream_llama_server(c, ls, prompt, 32)
+                rows["(b) llama-server restarted, same history"] = ttft
+                c.post(f"{ls}/slots/0?action=save", json={"filename": "conv.bin"}).raise_for_status()
+            with llama_server(binary, model, parallel=1, threads=threads, extra=extra) as ls:
+                start = time.perf_counter()
+                c.post(f"{ls}/slots/0?action=restore", json={"filename": "conv.bin"}).raise_for_status()
+                restore = time.perf_counter() - start
+                ttft, _ = stream_llama_server(c, ls, prompt, 32)
+                rows["(c) llama-server slot restore + first token"] = restore + ttft
+                print(f"llama-server restore {restore * 1000:.0f} ms, then first token {ttft * 1000:.0f} ms")
+    for name, value in rows.items():
+        print(f"{name:48s} {value * 1000:9.0f} ms")
+    ours = rows["lmsp-tray resume after unload"], rows["lmsp-tray resume after restart"]
+    for label, mine in zip(("after unload", "after restart"), ours, strict=True):
+        print(
+            f"{label}: / (a) cache off {mine / rows['(a) lmsp-tray, cache off, after unload']:.3f} (<= 0.05), "
+            f"/ (b) llama-server restarted {mine / rows['(b) llama-server restarted, same history']:.3f} (<= 0.05), "
+            f"/ (c) slot restore {mine / rows['(c) llama-server slot restore + first token']:.2f} (<= 1.5)"
+        )
+    print(
+        f"cold prefill lmsp-tray / llama-server: "
+        f"{rows['(a) lmsp-tray, cache off, after unload'] / rows['(b) llama-server restarted, same history']:.2f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
