@@ -127,6 +127,22 @@ def test_a_state_saved_at_unload_is_restored_after_a_process_restart(tiny: Path,
     assert (finish.reason, finish.cached_tokens) == (LENGTH, reused.cached_tokens)
 
 
+def test_a_model_process_whose_service_vanished_saves_before_it_exits(tiny: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "prompt-cache"
+    entry = entry_for(tiny)
+    opts = options(cache)
+    model = ModelProcess(entry, opts, plan_load(entry, opts, gpu_free_bytes=None, cores=1))
+    try:
+        run(model, history(model))
+        assert model._proc.stdin is not None
+        model._proc.stdin.close()  # as when the service is killed: its end of the pipe closes
+        assert model._proc.wait(60) == 0
+    finally:
+        model.kill()
+        model.close()
+    assert len(saved_files(cache)) == 1
+
+
 def save_one(load, path: Path, cache: Path, **more: object) -> tuple[list[int], str]:
     model = load(path, options(cache, **more))
     prompt = history(model)

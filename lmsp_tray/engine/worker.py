@@ -41,6 +41,7 @@ from lmsp_tray.engine.trigger import CallMarkers
 from lmsp_tray.errors import InternalError, LMSPError, ModelLoadFailed
 
 WORKER_FLAG = "--lmsp-model-worker"
+EXIT_SAVE_S = 20.0  # after the service vanished, this long to save sequence states before exiting
 log = logging.getLogger("lmsp_tray.engine.worker")
 
 
@@ -98,6 +99,7 @@ class Worker:
         self._lock = threading.Lock()
         self._calls = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="lmsp-worker-call")
         self.model: Any = None  # engine.model.LlamaModel once loaded
+        self._closing = False
         self._runtime: Any = None
 
     # -- loading --------------------------------------------------------------------------------
@@ -212,6 +214,10 @@ class Worker:
         self._writer.send(wire.frame(wire.ERROR, ident, wire.pack_json(wire.pack_error(exc))))
 
     def _close(self, drain: bool) -> None:
+        with self._lock:
+            closing, self._closing = self._closing, True
+        if closing:  # the first close ends the process
+            threading.Event().wait()
         try:
             if self.model is not None:
                 self.model.close(drain=drain)
@@ -275,7 +281,11 @@ def main() -> int:
     writer.send(wire.frame(wire.READY, 0, wire.pack_json(facts)))
     for kind, ident, payload in frames:
         worker.handle(kind, ident, payload)
-    os._exit(0)  # the service is gone (or closed our stdin): nothing left to do for anyone
+    # The service is gone (or closed our stdin): nothing left to do for anyone but save what the
+    # prompt cache can keep (bounded: a stuck close must not leave an orphan process behind).
+    threading.Timer(EXIT_SAVE_S, os._exit, (0,)).start()
+    worker._close(False)
+    os._exit(0)
 
 
 if __name__ == "__main__":
