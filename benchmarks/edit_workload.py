@@ -145,7 +145,9 @@ def peers(model: Path, threads: int, binary: Path, quick: bool) -> Iterator[dict
     with contextlib.ExitStack() as stack:
         found: dict[str, Callable] = {}
         for name, config in (("lmsp-tray", ""), ("lmsp-tray, speculative off", "speculative = false\n")):
-            url, _ = stack.enter_context(lmsp_service(model, threads=threads, config=config + "parallel = 1\n"))
+            url, _ = stack.enter_context(
+                lmsp_service(model, threads=threads, config=config + "parallel = 1\nkeep_alive = '1h'\n")
+            )
             found[name] = lambda c, key, n, url=url: lmsp_run(c, url, MESSAGES[key], n)
         specs: dict[str, tuple[str, ...]] = {"llama-server -np 1": ()}
         for kind in NGRAM_TYPES[:2] if quick else NGRAM_TYPES:
@@ -160,9 +162,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=600)
-    parser.add_argument("--quick", action="store_true", help="2 rounds, 2 llama-server n-gram settings")
+    parser.add_argument("--quick", action="store_true", help="1 round, 2 llama-server n-gram settings")
     args = parser.parse_args()
-    rounds = 2 if args.quick else args.rounds
+    rounds = 1 if args.quick else args.rounds
     threads = physical_cores()
     binary = CACHE / "llama-server-0.3.36" / "bin" / "llama-server"
     model = gemma_path()
@@ -174,7 +176,8 @@ def main() -> None:
         for _ in range(rounds):
             for key in PROMPTS:
                 for name, run in found.items():
-                    rate, text, _n = run(c, key, args.tokens)
+                    rate, text, n = run(c, key, args.tokens)
+                    print(f"{key:5s} {name:36s} {rate:7.1f} tok/s  {n} tokens", flush=True)
                     rates.setdefault((name, key), []).append(rate)
                     texts.setdefault((name, key), []).append(text)
     names = list(found)
