@@ -22,7 +22,7 @@ from lmsp_tray.engine.jobs import CANCELLED, LENGTH, Finish, GenerationJob
 from lmsp_tray.engine.model import LlamaModel, LoadOptions
 from lmsp_tray.engine.runtime import Runtime
 from lmsp_tray.engine.sampling import SamplingParams
-from lmsp_tray.engine.speculation import MAX_DRAFT, Drafting, PromptLookup
+from lmsp_tray.engine.speculation import FIRST_PAUSE, MAX_DRAFT, MISSES_BEFORE_PAUSE, Drafting, PromptLookup
 
 PROMPTS = ["hello world", "the local model", "a test of the stream", "weather in the city"]
 GREEDY = SamplingParams(temperature=0.0)
@@ -209,17 +209,19 @@ def test_prompt_lookup_proposes_what_followed_the_latest_earlier_occurrence() ->
     lookup = PromptLookup([1, 2, 3, 4, 5, 9, 2, 3, 4, 7, 8, 1, 2, 3])
     assert lookup.draft(3) == [4, 5, 9]  # (1, 2, 3) began the sequence
     lookup.append(4)
-    assert lookup.draft(2) == [7, 8]  # (2, 3, 4) last seen before 7
+    assert lookup.draft(2) == [5, 9]  # the 4-gram (1, 2, 3, 4) wins over the later 3-gram (2, 3, 4)
     lookup.append(6)
-    assert lookup.draft(4) == []  # (4, 6) and (6,) never seen before
+    assert lookup.draft(4) == []  # (3, 4, 6) never seen before
     assert PromptLookup([5]).draft(4) == []
     assert PromptLookup([]).draft(4) == []
-    assert PromptLookup([1, 2, 1, 2]).draft(0) == []
+    assert PromptLookup([1, 2, 3, 1, 2, 3]).draft(0) == []
+    assert PromptLookup([1, 2, 3, 1, 2, 3]).draft(5) == [1, 2, 3]
+    assert PromptLookup([5, 1, 2, 9, 1, 2]).draft(5) == []  # 2-grams recur by chance: not enough
 
 
 def test_prompt_lookup_prefers_the_longer_match() -> None:
-    # (8, 2, 3) occurred once, followed by 50; (2, 3) occurred later, followed by 60.
-    lookup = PromptLookup([8, 2, 3, 50, 0, 2, 3, 60, 8, 2, 3])
+    # (7, 8, 2, 3) occurred once, followed by 50; (8, 2, 3) occurred later, followed by 60.
+    lookup = PromptLookup([7, 8, 2, 3, 50, 0, 8, 2, 3, 60, 7, 8, 2, 3])
     assert lookup.draft(1) == [50]
 
 
@@ -233,10 +235,11 @@ def test_drafting_grows_on_success_and_pauses_after_misses() -> None:
     assert drafting.limit() == MAX_DRAFT
     drafting.record(MAX_DRAFT, 3)
     assert drafting.limit() == 4
-    for _ in range(3):
+    for _ in range(MISSES_BEFORE_PAUSE):
         drafting.record(drafting.limit(), 0)
-    paused = [drafting.limit() for _ in range(8)]
-    assert paused == [0] * 8 and drafting.limit() > 0
-    for _ in range(3):  # failing again pauses longer
+    assert [drafting.limit() for _ in range(FIRST_PAUSE)] == [0] * FIRST_PAUSE
+    assert drafting.limit() > 0
+    for _ in range(MISSES_BEFORE_PAUSE):  # failing again pauses longer
         drafting.record(drafting.limit(), 0)
-    assert [drafting.limit() for _ in range(16)] == [0] * 16
+    assert [drafting.limit() for _ in range(2 * FIRST_PAUSE)] == [0] * (2 * FIRST_PAUSE)
+    assert drafting.limit() > 0

@@ -2,7 +2,7 @@
 
 Text a model mostly copies — an edited document, a rewritten function, a quoted
 passage — repeats stretches of its own context. `PromptLookup` finds the
-longest recent n-gram (3, then 2 tokens) that ends the sequence so far and
+longest recent n-gram (4, then 3 tokens) that ends the sequence so far and
 also occurs earlier in it (prompt or output), and proposes the tokens that
 followed that earlier occurrence as a draft. The scheduler decodes the
 sequence's next token and the draft in the same batch as every other
@@ -32,10 +32,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-NGRAMS = (3, 2)  # match lengths tried, longest first
+NGRAMS = (4, 3)  # match lengths tried, longest first (2-grams recur by chance in free text)
 MAX_DRAFT = 16
-FIRST_DRAFT = 4
-MISSES_BEFORE_PAUSE = 3  # verifications in a row that kept nothing
+FIRST_DRAFT = 2
+MISSES_BEFORE_PAUSE = 2  # verifications in a row that kept nothing
 FIRST_PAUSE = 8  # steps without drafting after that; doubles each time, up to MAX_PAUSE
 MAX_PAUSE = 256
 
