@@ -1,8 +1,8 @@
 """Copying one sequence's KV state out of a llama.cpp context, and back into one.
 
 The two llama.cpp calls the prompt cache (`prompt_cache`) needs, on the thread
-that owns the context: `copy_out` is a memory copy (about 18 KB a token on
-Gemma 3 270M), `restore` loads a checked file's state into a sequence and
+that owns the context: `copy_out` is a memory copy (23.6 MiB for a 5,400-token
+conversation on Gemma 3 270M), `restore` loads a checked file's state into a sequence and
 removes the file when llama.cpp will not take it.
 """
 
