@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from lmsp_tray.discovery.entry import ModelEntry
+from lmsp_tray.engine.embedding import Embeddings
 from lmsp_tray.engine.jobs import GenerationJob
 from lmsp_tray.engine.load_plan import LoadPlan
 from lmsp_tray.engine.templates import ChatTemplate
@@ -80,6 +81,12 @@ class LoadedModel(Protocol):
 
     def submit(self, job: GenerationJob) -> None:
         """Queue `job`; raises 503 (unloading) or 429 (waiting line full, with Retry-After) at once."""
+        ...  # pragma: no cover
+
+    def embed(self, inputs: Sequence[str | Sequence[int]]) -> Embeddings:
+        """One L2-normalised vector per input (a text, or tokens), blocking; an input longer than the
+        window is refused (`InputTooLong`, naming its index) before anything is decoded. Only an
+        embedding model (`GGUFInfo.embeddings`) embeds; others raise `UnsupportedCapability`."""
         ...  # pragma: no cover
 
     def stats(self, *, batches: bool = False) -> ModelStats: ...  # pragma: no cover

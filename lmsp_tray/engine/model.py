@@ -23,6 +23,8 @@ from typing import Any
 import llama_cpp
 
 from lmsp_tray.discovery.entry import ModelEntry
+from lmsp_tray.engine.embedder import Embedder
+from lmsp_tray.engine.embedding import Embeddings, EmbedDone, EmbedJob
 from lmsp_tray.engine.grammars import GrammarBuilder
 from lmsp_tray.engine.jobs import GenerationJob
 from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan, plan_load
@@ -31,7 +33,14 @@ from lmsp_tray.engine.prompt_tokens import PromptTokenizer, SpecialToken, turn_m
 from lmsp_tray.engine.runtime import Runtime, physical_cores
 from lmsp_tray.engine.scheduler import Scheduler
 from lmsp_tray.engine.templates import BUILTIN_TEMPLATES, ChatTemplate, builtin_template_name
-from lmsp_tray.errors import ContextLengthExceeded, ModelLoadFailed
+from lmsp_tray.errors import (
+    ContextLengthExceeded,
+    InputTooLong,
+    InvalidRequest,
+    LMSPError,
+    ModelLoadFailed,
+    UnsupportedCapability,
+)
 
 log = logging.getLogger("lmsp_tray.engine")
 
@@ -40,6 +49,8 @@ log = logging.getLogger("lmsp_tray.engine")
 PIECEWISE_FROM_CHARS = 4096
 # Texts longer than this (and than the window) are first checked against the window by length alone.
 SHORTCUT_FROM_CHARS = 1 << 16
+# An embedding model decodes up to this many inputs together (llama.cpp's limit is higher).
+EMBED_SEQUENCES = 64
 _SPLIT_ATTRS = (
     llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
 )
@@ -67,6 +78,8 @@ class LlamaModel:
         self._model = None
         self._ctx = None
         self.scheduler: Scheduler | None = None
+        self.embedder: Embedder | None = None  # instead of the scheduler, for an embedding model
+        self.embeddings = bool(entry.info and entry.info.embeddings)
         self._grammars: GrammarBuilder | None = None
         self._on_step = on_step
         self._prompt_tokenizer: PromptTokenizer | None = None  # built for the first long prompt
@@ -127,6 +140,14 @@ class LlamaModel:
         cparams.kv_unified = False
         cparams.swa_full = True  # keeps whole-prefix reuse possible on sliding-window models
         cparams.no_perf = True
+        if self.embeddings:
+            # Each input is one sequence, whole in one micro-batch (an encoder needs that); up to
+            # EMBED_SEQUENCES of them share a decode, in one KV space when the model has one at all.
+            tokens = max(self.context_length, options.batch_size)
+            cparams.embeddings = True
+            cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = tokens
+            cparams.n_seq_max = EMBED_SEQUENCES
+            cparams.kv_unified = True
         ctx = llama_cpp.llama_init_from_model(model, cparams)
         if not ctx:
             raise ModelLoadFailed(
@@ -135,6 +156,8 @@ class LlamaModel:
         self._ctx = ctx
         self.memory = llama_cpp.llama_get_memory(ctx)
         self.context_per_sequence = llama_cpp.llama_n_ctx_seq(ctx) or self.context_length
+        if self.embeddings:
+            self.context_per_sequence = min(self.context_per_sequence, cparams.n_ubatch)
         self.context_length = min(self.context_length, self.context_per_sequence)
 
         self._pieces: list[bytes | None] = [None] * self.n_vocab
@@ -156,6 +179,15 @@ class LlamaModel:
                 else f"CPU, {threads} threads"
             ),
         )
+        if self.embeddings:
+            self.embedder = Embedder(
+                self,
+                max_sequences=EMBED_SEQUENCES,
+                batch_tokens=cparams.n_ubatch,
+                max_queue=options.max_queue,
+                on_step=self._on_step,
+            )
+            return
         self.scheduler = Scheduler(
             self,
             parallel=self.parallel,
@@ -332,8 +364,76 @@ class LlamaModel:
     def render(self, messages: Sequence[dict[str, Any]], **kwargs: Any) -> str:
         return self.template.render(messages, **kwargs)
 
+    @property
+    def llama_model(self) -> llama_cpp.llama_model_p:
+        if self._model is None:
+            raise RuntimeError("the model is closed")
+        return self._model
+
+    # -- embeddings -----------------------------------------------------------------------------
+    def embedding_inputs(self, inputs: Sequence[str | Sequence[int]]) -> list[list[int]]:
+        """Each input as tokens (a text with the model's start and end tokens), checked against the
+        window before anything is decoded: llama.cpp aborts on an input longer than its batch."""
+        window = self.context_length
+        out: list[list[int]] = []
+        for i, item in enumerate(inputs):
+            if isinstance(item, str):
+                raw = item.encode("utf-8", errors="replace")
+                if len(raw) > max(SHORTCUT_FROM_CHARS, window):
+                    least = -(-len(raw) // self.longest_piece())
+                    if least > window:
+                        raise InputTooLong(
+                            f"Input {i} is at least {least:,} tokens; '{self.id}' embeds at most {window:,} "
+                            f"tokens per input. Shorten it or split it into several inputs.",
+                            param=f"input[{i}]",
+                        )
+                tokens = self.tokenize(item, add_special=True, parse_special=False)
+            else:
+                tokens = [int(t) for t in item]
+                bad = next((t for t in tokens if not 0 <= t < self.n_vocab), None)
+                if bad is not None:
+                    raise InvalidRequest(
+                        f"Input {i} holds the token {bad}, outside this model's vocabulary (0-{self.n_vocab - 1}).",
+                        param=f"input[{i}]",
+                    )
+            if not tokens:
+                raise InvalidRequest(f"Input {i} is empty.", param=f"input[{i}]")
+            if len(tokens) > window:
+                raise InputTooLong(
+                    f"Input {i} is {len(tokens):,} tokens; '{self.id}' embeds at most {window:,} tokens per "
+                    f"input. Shorten it or split it into several inputs.",
+                    param=f"input[{i}]",
+                )
+            out.append(tokens)
+        return out
+
+    def embed_async(self, inputs: Sequence[str | Sequence[int]], done: EmbedDone) -> None:
+        """Tokenize and check `inputs` here (raising a typed error), then queue them; `done` gets the
+        vectors (or the error) on the embedder's thread."""
+        embedder = self.embedder
+        if embedder is None:
+            raise UnsupportedCapability(f"'{self.id}' is not an embedding model.", param="model")
+        embedder.submit(EmbedJob(self.embedding_inputs(inputs), done))
+
+    def embed(self, inputs: Sequence[str | Sequence[int]]) -> Embeddings:
+        """`embed_async`, waiting for the answer."""
+        answer: list[Embeddings | LMSPError] = []
+        ready = threading.Event()
+
+        def done(result: Embeddings | LMSPError) -> None:
+            answer.append(result)
+            ready.set()
+
+        self.embed_async(inputs, done)
+        ready.wait()
+        if isinstance(answer[0], LMSPError):
+            raise answer[0]
+        return answer[0]
+
     # -- generation -----------------------------------------------------------------------------
     def submit(self, job: GenerationJob) -> None:
+        if self.embedder is not None:
+            raise UnsupportedCapability(f"'{self.id}' is an embedding model: it does not generate text.", param="model")
         scheduler = self.scheduler
         if scheduler is None or self._grammars is None:
             raise RuntimeError("the model is closed")
@@ -345,16 +445,28 @@ class LlamaModel:
 
     @property
     def busy(self) -> bool:
+        if self.embedder is not None:
+            return self.embedder.busy
         scheduler = self.scheduler
         pending = self._grammars.pending if self._grammars is not None else 0
         return pending > 0 or (scheduler is not None and scheduler.busy)
 
     @property
     def last_activity(self) -> float:
+        if self.embedder is not None:
+            return self.embedder.last_activity
         scheduler = self.scheduler
         return scheduler.last_activity if scheduler is not None else self.loaded_monotonic
 
     def stats(self, *, batches: bool = False) -> ModelStats:
+        embedder = self.embedder
+        if embedder is not None:
+            return ModelStats(
+                steps=embedder.steps,
+                queued=embedder.queued,
+                batch_sizes=tuple(embedder.sequences) if batches else (),  # inputs per decode
+                pid=os.getpid(),
+            )
         scheduler = self.scheduler
         if scheduler is None:
             return ModelStats(pid=os.getpid())
@@ -377,6 +489,10 @@ class LlamaModel:
         """Stop the scheduler (letting running work finish with `drain`) and free memory."""
         if self._prompt_tokenizer_thread is not None:
             self._prompt_tokenizer_thread.join()  # it reads the vocabulary freed below
+        if self.embedder is not None:
+            self.embedder.stop(drain=drain)
+            self.embedder.close()
+            self.embedder = None
         if self.scheduler is not None:
             if drain and self._grammars is not None:
                 self._grammars.close()  # its jobs reach the scheduler, which then drains them

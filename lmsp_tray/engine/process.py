@@ -35,8 +35,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lmsp_tray.discovery.entry import ModelEntry
-from lmsp_tray.engine import wire, worker
+from lmsp_tray.engine import embedding, wire, worker
 from lmsp_tray.engine.admission import Admission, unloading
+from lmsp_tray.engine.embedding import Embeddings
 from lmsp_tray.engine.jobs import ERROR, Finish, GenerationJob, GrammarOn
 from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan
 from lmsp_tray.engine.loaded import ModelStats, Placement
@@ -109,6 +110,7 @@ class ModelProcess:
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=40)
         self._token_ids: dict[str, int | None] = {}
         self._control: dict[int, bool] = {}
+        self._embedding = 0  # embedding requests in flight
         self.exit_error: LMSPError | None = None
         started = time.monotonic()
         env = dict(os.environ, GGML_NO_BACKTRACE="1", PYTHONUNBUFFERED="1")
@@ -152,6 +154,7 @@ class ModelProcess:
             self.placement = Placement(**facts["placement"])
             t = facts["template"]
             self.template = ChatTemplate(t["source"], t["name"], t["bos_token"], t["eos_token"], model_id=entry.id)
+            self.embeddings = bool(facts.get("embeddings"))
         except (KeyError, TypeError, ValueError) as exc:
             self.close()
             raise ModelLoadFailed(f"Could not load '{entry.id}': the model process answered oddly ({exc}).") from None
@@ -161,7 +164,7 @@ class ModelProcess:
     @property
     def busy(self) -> bool:
         with self._lock:
-            return bool(self._jobs)
+            return bool(self._jobs) or self._embedding > 0
 
     @property
     def last_activity(self) -> float:
@@ -218,6 +221,21 @@ class ModelProcess:
         self._send(wire.frame(wire.SUBMIT, ident, wire.pack_job(spec, job.prompt)))
         if job.cancelled:  # cancelled before the hook was in place
             self._send(cancel)
+
+    def embed(self, inputs: Sequence[str | Sequence[int]]) -> Embeddings:
+        """One vector per input, computed in the model process (blocking)."""
+        with self._lock:
+            if self._closing or self._exited.is_set():
+                raise unloading()
+            self._embedding += 1
+            self._last_activity = time.monotonic()
+        try:
+            _, payload = self._request(wire.EMBED, wire.pack_json({"inputs": list(inputs)}))
+            return embedding.unpack(payload)
+        finally:
+            with self._lock:
+                self._embedding -= 1
+                self._last_activity = time.monotonic()
 
     def close(self, *, drain: bool = False) -> None:
         """Stop the process (letting running and queued jobs finish with `drain`) and wait for it."""
@@ -299,7 +317,7 @@ class ModelProcess:
             if job is not None:
                 self._admission.done(now - job.submitted_at)
                 job.sink(wire.unpack_finish(payload))
-        elif kind in (wire.REPLY, wire.TOKENS, wire.ERROR):
+        elif kind in (wire.REPLY, wire.TOKENS, wire.ERROR, wire.EMBEDDINGS):
             with self._lock:
                 future = self._calls.pop(ident, None)
             if future is not None:

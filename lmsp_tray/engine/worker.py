@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from lmsp_tray.discovery.entry import GGUFInfo, ModelEntry
-from lmsp_tray.engine import wire
+from lmsp_tray.engine import embedding, wire
+from lmsp_tray.engine.embedding import Embeddings
 from lmsp_tray.engine.jobs import ERROR, Finish, GenerationJob, GrammarOn
 from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan
 from lmsp_tray.engine.trigger import CallMarkers
@@ -123,6 +124,7 @@ class Worker:
                 "eos_token": template.eos_token,
             },
             "pid": os.getpid(),
+            "embeddings": model.embedder is not None,
         }
 
     # -- frames from the service ----------------------------------------------------------------
@@ -138,6 +140,8 @@ class Worker:
             self._calls.submit(self._tokenize, ident, payload)
         elif kind == wire.CALL:
             self._calls.submit(self._call, ident, payload)
+        elif kind == wire.EMBED:
+            self._calls.submit(self._embed, ident, payload)
         elif kind == wire.CLOSE:
             threading.Thread(target=self._close, args=(payload == b"1",), name="lmsp-worker-close").start()
         else:
@@ -202,6 +206,22 @@ class Worker:
             else:
                 raise ValueError(f"unknown call {op!r}")
             self._writer.send(wire.frame(wire.REPLY, ident, wire.pack_json(result)))
+        except Exception as exc:  # noqa: BLE001
+            self._reply_error(ident, exc)
+
+    def _embed(self, ident: int, payload: bytes) -> None:
+        """Tokenize and check the inputs on this call thread, then leave them to the embedder, whose
+        thread sends the vectors back."""
+
+        def done(result: Embeddings | LMSPError) -> None:
+            if isinstance(result, LMSPError):
+                self._reply_error(ident, result)
+            else:
+                self._writer.send(wire.frame(wire.EMBEDDINGS, ident, embedding.pack(result)))
+
+        try:
+            inputs = wire.unpack_json(payload)["inputs"]
+            self.model.embed_async(inputs, done)
         except Exception as exc:  # noqa: BLE001
             self._reply_error(ident, exc)
 

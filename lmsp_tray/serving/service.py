@@ -359,6 +359,12 @@ class Service:
 
     def _check_capabilities(self, entry: ModelEntry, request: ResponseRequest) -> None:
         caps = set(self.model_capabilities(entry))
+        if "text" not in caps and "embeddings" in caps:
+            raise UnsupportedCapability(
+                f"'{entry.id}' is an embedding model: it does not generate text. Use it with POST /v1/embeddings, "
+                f"or choose a chat model.",
+                param="model",
+            )
         if request.tools and request.tool_choice != "none" and "tools" not in caps:
             raise UnsupportedCapability(f"'{entry.id}' does not support tools.", param="tools")
         if (request.json_schema is not None or request.json_object) and "structured_output" not in caps:

@@ -6,13 +6,15 @@ checks — but with OpenAI's wire shapes and error object. Each endpoint family
 lives in its own module and contributes its `Scoped` routes to `OPENAI`:
 
 - `models.py`: `GET /v1/models`, `GET /v1/models/{id}` (`models:read`)
+- `embeddings.py`: `POST /v1/embeddings` (`responses:create`)
 - `errors.py`: OpenAI's `{"error": {"message", "type", "param", "code"}}`
 """
 
 from __future__ import annotations
 
 from lmsp_tray.http.api import Api
+from lmsp_tray.http.openai.embeddings import EMBEDDING_ROUTES
 from lmsp_tray.http.openai.errors import OPENAI_ERRORS
 from lmsp_tray.http.openai.models import MODEL_ROUTES
 
-OPENAI = Api("/v1", [*MODEL_ROUTES], errors=OPENAI_ERRORS)
+OPENAI = Api("/v1", [*MODEL_ROUTES, *EMBEDDING_ROUTES], errors=OPENAI_ERRORS)
