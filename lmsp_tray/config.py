@@ -21,6 +21,9 @@ from typing import Any
 
 APP_NAME = "lmsp-tray"
 DEFAULT_PORT = 7373
+# What `keyless_scopes` may grant to requests without a valid token: using models, never managing
+# them, tokens, settings, or reading the activity log.
+KEYLESS_ALLOWED = ("models:read", "responses:create", "responses:read", "tasks:create", "tasks:read")
 DEFAULT_CONTEXT_CAP = 8192
 HOME_ENV = "LMSP_TRAY_HOME"
 
@@ -130,6 +133,9 @@ class Config:
     allowed_origins: list[str] = field(default_factory=list)
     demo_model: bool = True  # assemble the embedded demo model when no other model exists
     keyring_retry: float | None = 30.0  # after a keyring failure, try it again this often; None: never
+    # Off by default: scopes granted to requests WITHOUT a valid token (apps that cannot send one),
+    # e.g. ["models:read", "responses:create"]; only those in KEYLESS_ALLOWED. Every local process gets them.
+    keyless_scopes: list[str] = field(default_factory=list)
 
     def with_overrides(self, **overrides: Any) -> Config:
         """A copy with the non-None overrides applied (command-line options)."""
@@ -206,6 +212,15 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where}: expected a list of origins like 'http://localhost:3000'")
         return [v.rstrip("/") for v in value]
+    if name == "keyless_scopes":
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}: expected a list of scopes like ['models:read', 'responses:create']")
+        for scope in value:
+            if scope not in KEYLESS_ALLOWED:
+                raise ConfigError(
+                    f"{where}: {scope!r} cannot be granted without a token; choose from {', '.join(KEYLESS_ALLOWED)}"
+                )
+        return [s for s in KEYLESS_ALLOWED if s in value]
     if name == "gpu":
         if not isinstance(value, str) or value not in {"auto", "off"}:
             raise ConfigError(f"{where}: expected 'auto' or 'off'")

@@ -224,7 +224,7 @@ class DaemonTrayBackend:
             autostart_supported=supported,
             pairings=self._pairings(),
             token_available=self._token_available(),
-            notice=self._notice(),
+            notice=self._with_keyless(self._notice()),
             problems=tuple(sorted(problems, key=lambda p: p.file_name.lower())),
             models_folder=display_path(d.paths.models_dir),
             token_session_only=self._session_token(),
@@ -294,6 +294,15 @@ class DaemonTrayBackend:
         except Exception as exc:  # noqa: BLE001
             log.debug("notice unavailable: %s", exc)
             return None
+
+    def _with_keyless(self, notice: str | None) -> str | None:
+        """The notice, and while `keyless_scopes` is on a line saying what every local app may do
+        without a token: that opening must stay visible."""
+        scopes = getattr(self.daemon.config, "keyless_scopes", None)
+        if not scopes:
+            return notice
+        note = f"Apps without a token may use: {', '.join(scopes)} (keyless_scopes in config.toml)"
+        return f"{notice}\n{note}" if notice else note
 
     def _token_available(self) -> bool:
         # Only whether the hook is connected: asking the keyring every 0.5 s is too slow

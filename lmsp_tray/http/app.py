@@ -101,6 +101,14 @@ def create_app(
     app.state.console = console or ConsoleParts(ConsoleAccess(auth.tokens))
     app.state.console_assets = load_assets()
     policy = SecurityPolicy.build(service.config.allowed_origins, service.config.max_request_bytes)
-    answered = VersionHeader(SecurityMiddleware(VersionCheck(app), tokens=auth.tokens, policy=policy, apis=APIS))
+    answered = VersionHeader(
+        SecurityMiddleware(
+            VersionCheck(app),
+            tokens=auth.tokens,
+            policy=policy,
+            apis=APIS,
+            keyless=lambda: service.config.keyless_scopes,  # the settings in effect (they change live)
+        )
+    )
     activity = app.state.console.activity
     return answered if activity is None else ActivityRecorder(answered, activity)

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from lmsp_tray.errors import InvalidJSON, InvalidRequest, PayloadTooLarge
 from lmsp_tray.http import wire_json
 from lmsp_tray.http.api import PUBLIC, Scoped
-from lmsp_tray.http.security import token_of
+from lmsp_tray.http.security import KEYLESS, keyless_of, token_of
 from lmsp_tray.http.sse import EventStream, wait_disconnect
 from lmsp_tray.protocol.requests import ResponseRequest, parse_response_create
 from lmsp_tray.serving.replay import ANONYMOUS, Caller, iterate
@@ -46,11 +46,13 @@ def caller_of(request: Request) -> Caller:
 
     Idempotency keys are scoped to its id, and the responses and tasks it creates are owned by it
     (another token gets 404 for them). Without a token (no security layer in front): "anonymous",
-    no owner. This is the one place to change that policy.
+    no owner. A request let in by `keyless_scopes` runs as "keyless": its keys and the responses and
+    tasks it creates are its own (no token sees them; every keyless app shares them). This is the one
+    place to change that policy.
     """
     token = token_of(request)
     if token is None:
-        return ANONYMOUS
+        return Caller(scope=KEYLESS, owner=KEYLESS) if keyless_of(request) else ANONYMOUS
     token_id = token if isinstance(token, str) else str(token.id)
     return Caller(scope=token_id, owner=token_id)
 
