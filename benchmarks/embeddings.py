@@ -145,8 +145,8 @@ def main() -> int:
     ours = statistics.median(rates["lmsp-tray"])
     print(f"\n{args.texts} texts in requests of {BATCH}, {args.threads} threads, {args.rounds} rounds (medians)")
     print(f"{'peer':30} {'texts/s':>9} {'lmsp-tray / peer':>17} {'min cosine vs lmsp-tray':>24}")
-    for name in rates:
-        rate = statistics.median(rates[name])
+    for name, measured in rates.items():
+        rate = statistics.median(measured)
         cosine = float((vectors[name] * vectors["lmsp-tray"]).sum(axis=1).min())
         print(f"{name:30} {rate:9.1f} {ours / rate:16.2f}x {cosine:24.6f}")
     return 0
