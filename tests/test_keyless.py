@@ -16,7 +16,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from browser import UNLABELLED_CONTROLS, browser  # noqa: F401 - fixture
 from support import TINY_ID, LiveDaemon
+from test_console_page import open_console
 
 from lmsp_tray.config import ConfigError, config_from_mapping
 from lmsp_tray.desktop.autostart import Autostart
@@ -107,3 +109,40 @@ def test_config_refuses_managing_scopes(scope: str) -> None:
         config_from_mapping({"keyless_scopes": ["models:read", scope]})
     assert config_from_mapping({"keyless_scopes": ["responses:create", "models:read"]}).keyless_scopes == OPEN
     assert config_from_mapping({}).keyless_scopes == []
+
+
+def test_console_settings_turn_it_on_and_off(daemon: LiveDaemon) -> None:
+    with httpx.Client(base_url=daemon.url, headers=daemon.auth_headers, timeout=60) as c:
+        doc = c.get("/settings").json()
+        field = next(f for f in doc["fields"] if f["key"] == "keyless_scopes")
+        assert (
+            field["kind"] == "scopes"
+            and "tokens:manage" not in field["choices"]
+            and doc["values"]["keyless_scopes"] == []
+        )
+        refused = c.patch("/settings", json={"keyless_scopes": ["models:read", "tokens:manage"]})
+        assert refused.status_code == 400 and refused.json()["param"] == "keyless_scopes"
+        on = c.patch("/settings", json={"keyless_scopes": ["models:read"]})
+        assert on.status_code == 200 and on.json()["applied"] == ["keyless_scopes"], on.text
+        assert 'keyless_scopes = ["models:read"]' in daemon.daemon.paths.config_file.read_text()
+        assert httpx.get(daemon.base + "/v1/models", timeout=30).status_code == 200  # at once, no restart
+        off = c.patch("/settings", json={"keyless_scopes": []})
+        assert off.status_code == 200
+    assert httpx.get(daemon.base + "/v1/models", timeout=30).status_code == 401
+
+
+def test_console_page_ticks_scopes(daemon: LiveDaemon, browser) -> None:
+    console = open_console(daemon, browser)
+    page = console.page
+    console.view("settings")
+    boxes = page.locator("#setting-keyless_scopes input[type=checkbox]")
+    assert boxes.count() == 5 and not any(boxes.nth(i).is_checked() for i in range(5))
+    assert page.evaluate(UNLABELLED_CONTROLS) == []
+    page.check("#setting-keyless_scopes input[value='models:read']")
+    page.check("#setting-keyless_scopes input[value='responses:create']")
+    page.click("button:has-text('Save')")
+    page.wait_for_function("() => document.body.textContent.includes('Saved to config.toml')")
+    assert daemon.daemon.config.keyless_scopes == OPEN
+    assert httpx.get(daemon.base + "/v1/models", timeout=30).status_code == 200
+    console.context.close()
+    assert console.errors == []

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import tomlkit
 import tomlkit.exceptions
 
-from lmsp_tray.config import Config, ConfigError, Paths, config_from_mapping
+from lmsp_tray.config import KEYLESS_ALLOWED, Config, ConfigError, Paths, config_from_mapping
 from lmsp_tray.errors import Conflict, InvalidRequest, ServiceUnavailable
 
 START_AT_LOGIN = "start_at_login"
@@ -42,7 +42,7 @@ class Field:
 
     key: str
     label: str
-    kind: str  # "port" | "folders" | "bool" | "duration" | "int" | "auto_int" | "choice"
+    kind: str  # "port" | "folders" | "bool" | "duration" | "int" | "auto_int" | "choice" | "scopes" (several choices)
     help: str
     applies: str  # "restart" | "now" | "next_load"
     choices: tuple[str, ...] = ()
@@ -107,6 +107,15 @@ FIELDS: tuple[Field, ...] = (
         '"auto" uses a GPU when llama.cpp has one; "off" forces the CPU.',
         "next_load",
         ("auto", "off"),
+    ),
+    Field(
+        "keyless_scopes",
+        "Apps without a token",
+        "scopes",
+        "For apps that cannot send a token: what every program on this computer may do without one. "
+        "Leave all unticked unless an app needs it; prefer pairing.",
+        "now",
+        KEYLESS_ALLOWED,
     ),
 )
 FIELD_KEYS = frozenset(f.key for f in FIELDS)
