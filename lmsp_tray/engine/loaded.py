@@ -40,7 +40,8 @@ class ModelStats:
     steps: int = 0  # decode steps performed
     queued: int = 0  # jobs waiting for a sequence slot
     generating: int = 0  # jobs holding a slot
-    batch_sizes: tuple[int, ...] = ()  # tokens decoded by each recent step (only when asked for)
+    # tokens decoded by each recent step (an embedding model: inputs per decode); only when asked for
+    batch_sizes: tuple[int, ...] = ()
     pid: int | None = None  # the model process, when it runs in one
     taken_at: float = field(default_factory=time.monotonic)
 
