@@ -18,9 +18,11 @@ accepts it, that token is used. Otherwise it asks to pair (``POST
 on stderr), and waits while the person approves it in the tray or with
 ``lmsp-tray tokens approve CODE``; the new token goes into the keyring under
 the app's name, so the next run reuses it, and a token revoked since then
-makes it pair again. A token is checked with ``GET /lmsp/v1/models`` (401:
-revoked); a token that lacks a scope the app needs now is not noticed (call
-`forget` and connect again).
+makes it pair again. A token is checked with ``GET /lmsp/v1/auth/tokens``
+(401: unknown or revoked; 403: valid — an endpoint `keyless_scopes` never
+opens, so a service that lets token-less apps in cannot make a revoked token
+look valid); a token that lacks a scope the app needs now is not noticed
+(call `forget` and connect again).
 
 This module is a client: it imports nothing of the service (no llama.cpp,
 Starlette or tray) and talks to it over HTTP with the standard library.
@@ -209,8 +211,9 @@ def _print_code(pairing: PairingRequest) -> None:
 
 
 def token_works(root: str, token: str, *, timeout: float = 10.0) -> bool:
-    """Whether the service accepts `token` (401: unknown or revoked; 403: known, lacking models:read)."""
-    status, doc = _request("GET", root + API + "/models", token=token, timeout=timeout)
+    """Whether the service accepts `token`: asked on an endpoint that `keyless_scopes` never opens
+    (`tokens:manage`), so 401 means unknown or revoked and 403 a valid token without that scope."""
+    status, doc = _request("GET", root + API + "/auth/tokens", token=token, timeout=timeout)
     if status in (200, 403):
         return True
     if status == 401:

@@ -26,9 +26,16 @@ from lmsp_tray.connect import KEYRING_USER, PairingRefused, PairingRequest, Serv
 APP = "Connect Test Notes"
 
 
-@pytest.fixture
-def live(lmsp_home: Path, models_dir: Path, secret_service: str) -> Iterator[LiveDaemon]:
-    daemon = start_daemon(models_dir, vault=real_vault())  # the CLI finds the owner token in the keyring
+@pytest.fixture(params=[[], ["models:read", "responses:create"]], ids=["tokens-only", "keyless-on"])
+def live(
+    lmsp_home: Path,
+    models_dir: Path,
+    secret_service: str,
+    request: pytest.FixtureRequest,
+) -> Iterator[LiveDaemon]:
+    """A service whose CLI finds the owner token in the keyring; also with `keyless_scopes` on, where a
+    revoked token still reaches the keyless endpoints and must not pass for a valid one."""
+    daemon = start_daemon(models_dir, vault=real_vault(), keyless_scopes=request.param)
     forget(APP)
     yield daemon
     forget(APP)
