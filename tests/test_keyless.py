@@ -69,6 +69,11 @@ def test_keyless_scopes_grant_exactly_what_is_listed(daemon_factory: Callable[..
     # a real token keeps its own rights (and is not made smaller by the keyless grant)
     owner = live.auth_headers
     assert httpx.get(base + "/lmsp/v1/auth/tokens", headers=owner, timeout=30).status_code == 200
+    # the console's activity log says who asked
+    rows = httpx.get(base + "/lmsp/v1/activity", headers=owner, timeout=30).json()["requests"]
+    made_rows = [r for r in rows if r["endpoint"] == "/lmsp/v1/responses" and r["status"] == 200]
+    assert made_rows and all(r["app"] == "(no token)" for r in made_rows)
+    assert any(r["app"] == "lmsp-tray owner" for r in rows)
 
 
 def test_what_a_keyless_app_stores_no_token_reads(daemon_factory: Callable[..., LiveDaemon]) -> None:
@@ -135,6 +140,7 @@ def test_console_page_ticks_scopes(daemon: LiveDaemon, browser) -> None:
     console = open_console(daemon, browser)
     page = console.page
     console.view("settings")
+    page.wait_for_selector("#setting-keyless_scopes input[type=checkbox]")  # the form loads its settings first
     boxes = page.locator("#setting-keyless_scopes input[type=checkbox]")
     assert boxes.count() == 5 and not any(boxes.nth(i).is_checked() for i in range(5))
     assert page.evaluate(UNLABELLED_CONTROLS) == []
