@@ -37,7 +37,7 @@ CANCEL = 3
 TOKENIZE = 4  # u32 at_most (0: no limit), UTF-8 text -> TOKENS or ERROR
 CALL = 5  # JSON {"op": ...} -> REPLY or ERROR
 CLOSE = 6  # b"1": let running work finish first
-EMBED = 7  # JSON {"inputs": [text or token list, ...]} -> EMBEDDINGS or ERROR
+EMBED = 16  # JSON {"inputs": [text or token list, ...]} -> EMBEDDINGS or ERROR
 
 # model process -> service
 READY = 101  # JSON: the loaded model's facts
@@ -48,7 +48,9 @@ FINISH = 105  # JSON: job `id` ended
 REPLY = 106  # JSON answer to CALL `id`
 TOKENS = 107  # int32 tokens answering TOKENIZE `id`
 ERROR = 108  # JSON problem answering TOKENIZE/CALL/EMBED `id`
-EMBEDDINGS = 109  # embedding.pack(): the vectors answering EMBED `id`
+LOADING = 111  # f32: the share of the model read so far (before READY)
+LOAD_PROGRESS = struct.Struct("<f")
+EMBEDDINGS = 116  # embedding.pack(): the vectors answering EMBED `id`
 
 _INT32 = "i"
 assert array.array(_INT32).itemsize == 4
