@@ -5,7 +5,7 @@
 
 Peers, each on the same generated BERT-architecture GGUF (MiniLM-L6-sized: 6 layers, 384 wide,
 mean pooling; written with the `gguf` package into the bench cache), the same texts and thread
-count, rounds interleaved:
+count, interleaved request by request (each request of 32 goes to every peer in turn):
 
   lmsp-tray                 POST /v1/embeddings over HTTP (the model in its model process)
   llama-server -np 32       llama.cpp's server, `--embeddings`, 32 slots (one per input of a request)
@@ -88,14 +88,26 @@ def llama_server(binary: Path, model: Path, threads: int, extra: list[str]) -> I
         proc.wait(30)
 
 
-def run(embed: Embedder, corpus: list[str]) -> tuple[float, np.ndarray]:
-    """texts/s over the corpus in requests of BATCH, and the vectors."""
-    out = []
-    start = time.perf_counter()
-    for i in range(0, len(corpus), BATCH):
-        out.append(embed(corpus[i : i + BATCH]))
-    elapsed = time.perf_counter() - start
-    return len(corpus) / elapsed, normalized(np.concatenate(out))
+def run_round(
+    peers: dict[str, Embedder], corpus: list[str], turn: int
+) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """One pass over the corpus for every peer, interleaved request by request (the order rotating),
+    so that the shared machine's noise falls on every peer alike: texts/s and vectors per peer."""
+    names = list(peers)
+    spent = dict.fromkeys(names, 0.0)
+    out: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    for b, i in enumerate(range(0, len(corpus), BATCH)):
+        batch = corpus[i : i + BATCH]
+        shift = (b + turn) % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            vectors = peers[name](batch)
+            spent[name] += time.perf_counter() - start
+            out[name].append(vectors)
+    return (
+        {name: len(corpus) / spent[name] for name in names},
+        {name: normalized(np.concatenate(out[name])) for name in names},
+    )
 
 
 def main() -> int:
@@ -137,10 +149,9 @@ def main() -> int:
         for embed in peers.values():
             embed(corpus[:BATCH])  # warm up: load the model, first allocations
         for r in range(args.rounds):
-            for name, embed in peers.items():
-                rate, got = run(embed, corpus)
+            round_rates, vectors = run_round(peers, corpus, r)
+            for name, rate in round_rates.items():
                 rates.setdefault(name, []).append(rate)
-                vectors[name] = got
             print(f"round {r + 1}: " + ", ".join(f"{n} {rates[n][-1]:.0f}/s" for n in peers), flush=True)
     ours = statistics.median(rates["lmsp-tray"])
     print(f"\n{args.texts} texts in requests of {BATCH}, {args.threads} threads, {args.rounds} rounds (medians)")
