@@ -176,6 +176,28 @@ def test_many_inputs_share_few_decodes(live: LiveDaemon, v1: httpx.Client) -> No
     assert sum(stats.batch_sizes) == 100 and stats.steps <= 3, stats
 
 
+def test_concurrent_requests_each_get_their_own_vectors(live: LiveDaemon, v1: httpx.Client) -> None:
+    """Requests in flight together share the model's decodes; each answer still holds its own inputs."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    embed_id = _embed_id(v1)
+    batches = [[f"{TEXTS[(i + j) % 4]} {i}" for j in range(i + 1)] for i in range(8)]
+
+    def alone(batch: list[str]) -> np.ndarray:
+        r = v1.post("/embeddings", json={"model": embed_id, "input": batch})
+        assert r.status_code == 200, r.text
+        return np.array([d["embedding"] for d in r.json()["data"]])
+
+    expected = [alone(b) for b in batches]
+    steps = live.daemon.models.get(embed_id).stats().steps  # type: ignore[union-attr]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(alone, batches))
+    for want, got in zip(expected, together, strict=True):
+        # llama.cpp's kernels round a little differently for another batch shape: equal, not bitwise
+        assert got.shape == want.shape and (got * want).sum(axis=1).min() >= 0.9999
+    assert live.daemon.models.get(embed_id).stats().steps - steps <= len(batches)  # type: ignore[union-attr]
+
+
 def test_embedding_model_does_not_generate(live: LiveDaemon, v1: httpx.Client) -> None:
     embed_id = _embed_id(v1)
     r = httpx.post(live.url + "/responses", json={"model": embed_id, "input": "hi"}, headers=live.auth_headers)
