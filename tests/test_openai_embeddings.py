@@ -16,8 +16,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from browser import browser  # noqa: F401 - fixture
 from gguf_factory import write_tiny_bert_gguf
 from support import TINY_ID, LiveDaemon
+from test_console_page import open_console
 
 TEXTS = ["hello world", "the cat sat on the mat", "zebra quux", "Embedding search, fast and local!"]
 
@@ -204,3 +206,16 @@ def test_embedding_model_does_not_generate(live: LiveDaemon, v1: httpx.Client) -
     assert r.status_code == 400
     assert r.json()["code"] == "unsupported_capability" and "embedding model" in r.json()["detail"]
     assert live.daemon.models.get(embed_id) is None  # refused before loading anything
+
+
+def test_console_chat_offers_only_models_that_generate(live: LiveDaemon, v1: httpx.Client, browser) -> None:
+    console = open_console(live, browser)
+    page = console.page
+    console.view("chat")
+    page.wait_for_selector(f"#chat-model option[value='{TINY_ID}']", state="attached")
+    offered = page.eval_on_selector_all("#chat-model option", "els => els.map((e) => e.value)")
+    assert TINY_ID in offered and _embed_id(v1) not in offered
+    models_view = v1.get("/models").json()["data"]
+    assert any(m["capabilities"] == ["embeddings"] for m in models_view)
+    console.context.close()
+    assert console.errors == []

@@ -118,7 +118,8 @@ export function hide() {}
 
 async function refreshModels() {
   try {
-    const list = (await ctx.api.get("/models")).data.filter((m) => m.state !== "error");
+    const generates = (m) => !(m.capabilities || []).includes("embeddings") || m.capabilities.includes("text");
+    const list = (await ctx.api.get("/models")).data.filter((m) => m.state !== "error" && generates(m));
     const rank = { loaded: 0, loading: 1, unloading: 2, available: 3 };
     models = list.sort((a, b) => rank[a.state] - rank[b.state] || a.id.localeCompare(b.id));
   } catch (error) {
