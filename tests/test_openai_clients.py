@@ -18,6 +18,8 @@ import pytest
 from pydantic import BaseModel
 from support import SLOW_ID, TINY_ID, LiveDaemon
 
+from lmsp_tray.http import sse
+
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # litellm would fetch its price list at import
 os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
 
@@ -32,7 +34,11 @@ class Verdict(BaseModel):
 
 
 @pytest.fixture
-def v1(daemon: LiveDaemon) -> Iterator[tuple[str, str]]:
+def v1(daemon: LiveDaemon, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str]]:
+    # Keep-alive comments after 0.5 ms of silence instead of 15 s: every stream of the matrix has them
+    # between its events, as a stream silent for 15 s (a long prompt, a queue wait) has.
+    defaults = sse.EventStream.__init__.__kwdefaults__ or {}
+    monkeypatch.setattr(sse.EventStream.__init__, "__kwdefaults__", {**defaults, "keepalive": 0.0005})
     yield daemon.base + "/v1", daemon.owner_token
 
 
