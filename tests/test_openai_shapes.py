@@ -152,3 +152,25 @@ def test_input_items_page() -> None:
     assert [i["type"] for i in first["data"]] == ["custom_tool_call_output", "custom_tool_call"] and first["has_more"]
     rest = page(items, order="desc", after=first["last_id"], limit=2)
     assert [i["type"] for i in rest["data"]] == ["message"] and not rest["has_more"]
+
+
+def test_long_namespaced_names_stay_distinct_and_map_back() -> None:
+    space = "mcp__a_very_long_server_name_for_the_documentation_search__"
+    ns = {
+        "type": "namespace",
+        "name": space,
+        "tools": [{"type": "function", "name": n} for n in ("search_all", "search_one")],
+    }
+    request, tools = parse(tools=[ns])
+    names = [t.name for t in request.tools]
+    assert len(set(names)) == 2 and all(len(n) <= 64 for n in names)
+    assert {tools.namespaced[n] for n in names} == {(space, "search_all"), (space, "search_one")}
+    again, _ = parse(
+        tools=[ns],
+        input=[{"type": "function_call", "call_id": "c", "name": "search_one", "namespace": space, "arguments": "{}"}],
+    )
+    assert again.items[0] == FunctionCall("c", tools_name(tools, space, "search_one"), "{}")
+
+
+def tools_name(tools, space: str, name: str) -> str:
+    return next(flat for flat, pair in tools.namespaced.items() if pair == (space, name))

@@ -28,6 +28,7 @@ error params stay the same code:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,9 +83,18 @@ ECHOED_DEFAULTS: dict[str, Any] = {
 }
 
 
+MAX_TOOL_NAME = 64  # what `tools[].name` may hold (OpenAI's limit and the chat templates')
+
+
 def flat_name(namespace: str, name: str) -> str:
-    """The name the model sees for function `name` of namespace `namespace` (Codex's flat form)."""
-    return f"{namespace.rstrip('_')}__{name.lstrip('_')}"
+    """The name the model sees for function `name` of namespace `namespace` (Codex's flat form).
+
+    A flat name over 64 characters keeps its first 55 and a digest of the whole, so every
+    function of a long namespace still has a distinct, stable name (the `ToolMap` maps it back)."""
+    flat = f"{namespace.rstrip('_')}__{name.lstrip('_')}"
+    if len(flat) <= MAX_TOOL_NAME:
+        return flat
+    return f"{flat[: MAX_TOOL_NAME - 9]}_{hashlib.sha256(flat.encode()).hexdigest()[:8]}"
 
 
 @dataclass(frozen=True)
