@@ -7,6 +7,7 @@ comments) read whole by the SDK.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -305,3 +306,26 @@ def test_stream_with_keepalive_comments_between_events(
         if event.type == "response.output_text.delta":
             text += event.delta
     assert text
+
+
+def test_four_sdk_streams_decode_together(daemon_factory) -> None:
+    """/v1 goes through the same scheduler: four concurrent streams share decode steps, each as it is alone."""
+    live = daemon_factory(parallel=4)
+    prompts = ["hello world", "the local model", "a test of the stream", "weather in the city"]
+    client = openai.AsyncOpenAI(base_url=live.base + "/v1", api_key=live.owner_token, max_retries=0)
+
+    async def one(prompt: str) -> str:
+        stream = await client.responses.create(
+            model=TINY_ID, input=prompt, max_output_tokens=40, temperature=0, stream=True, store=False
+        )
+        return "".join([e.delta async for e in stream if e.type == "response.output_text.delta"])
+
+    async def scenario() -> tuple[list[str], list[str], int]:
+        alone = [await one(p) for p in prompts]
+        before = live.scheduler().steps
+        together = await asyncio.gather(*(one(p) for p in prompts))
+        return alone, list(together), live.scheduler().steps - before
+
+    alone, together, steps = asyncio.run(scenario())
+    assert together == alone
+    assert steps < 4 * 40  # fewer decode steps than four runs one after another
