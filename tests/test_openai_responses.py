@@ -112,7 +112,8 @@ def test_input_items_and_delete(sdk: openai.OpenAI) -> None:
     assert [i.content[0].text for i in oldest.data] == ["first", "ok"] and oldest.has_more
     rest = sdk.responses.input_items.list(resp.id, order="asc", after=oldest.last_id)
     assert [i.content[0].text for i in rest.data] == ["second"] and not rest.has_more
-    sdk.responses.delete(resp.id)
+    deleted = sdk.responses.with_raw_response.delete(resp.id).http_response.json()
+    assert deleted == {"id": resp.id, "object": "response", "deleted": True}
     with pytest.raises(openai.NotFoundError) as missing:
         sdk.responses.retrieve(resp.id)
     assert missing.value.body["code"] == "response_not_found"  # type: ignore[index]

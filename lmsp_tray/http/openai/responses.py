@@ -74,7 +74,8 @@ async def stored_response(request: Request) -> Response:
     """GET returns a stored response, DELETE removes it; unknown: 404 response_not_found."""
     conversations, rid, owner = _conversations(request), request.path_params["response_id"], caller_of(request).owner
     if request.method == "DELETE":
-        return JSON(await conversations.delete(rid, owner=owner))
+        deleted = await conversations.delete(rid, owner=owner)
+        return JSON({**deleted, "object": "response"})  # OpenAI's answer: {"id", "object": "response", "deleted"}
     response = await conversations.get(rid, owner=owner)
     return JSON(OpenAIView.of_response(response).response(response))
 
