@@ -330,3 +330,15 @@ def test_four_sdk_streams_decode_together(daemon_factory) -> None:
     alone, together, steps = asyncio.run(scenario())
     assert together == alone
     assert steps < 4 * 40  # fewer decode steps than four runs one after another
+
+
+def test_lmsp_v1_keeps_its_own_rules(daemon: LiveDaemon) -> None:
+    """The same body on /lmsp/v1: LMSP's defaults and shapes (store off, function tools only, problem documents)."""
+    with httpx.Client(base_url=daemon.url, timeout=60, headers=daemon.auth_headers) as c:
+        plain = c.post("/responses", json={"model": TINY_ID, "input": "hi", "max_output_tokens": 2})
+        assert plain.status_code == 200 and "tools" not in plain.json()
+        assert c.get(f"/responses/{plain.json()['id']}").status_code == 404  # store defaults to false here
+        namespaced = c.post("/responses", json={"model": TINY_ID, "input": "hi", "tools": [NAMESPACE]})
+        assert namespaced.status_code == 400
+        assert namespaced.headers["content-type"].startswith("application/problem+json")
+        assert namespaced.json()["param"] == "tools[0].type"
