@@ -68,7 +68,8 @@ def codex_daemon(tmp_path: Path, lmsp_home: Path) -> Any:
         basename="codex-tiny",
         context_length=65536,
         output_scale=0.5,
-        logit_bias={"<|im_end|>": 110.0},
+        # and never a call marker: Codex would run the call (the SDK tests cover calls)
+        logit_bias={"<|im_end|>": 110.0, "<tool_call>": -200.0, "<think>": -200.0},
     )
     live = start_daemon(folder, context_cap=65536)
     yield live
