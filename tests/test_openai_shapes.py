@@ -174,3 +174,10 @@ def test_long_namespaced_names_stay_distinct_and_map_back() -> None:
 
 def tools_name(tools, space: str, name: str) -> str:
     return next(flat for flat, pair in tools.namespaced.items() if pair == (space, name))
+
+
+def test_reasoning_effort_none_turns_thinking_off() -> None:
+    assert parse(reasoning={"effort": "none"})[0].reasoning is False
+    assert parse(reasoning={"effort": "high"})[0].reasoning is None
+    on = parse(reasoning={"effort": "none"}, extensions={"lmsp_tray": {"reasoning": True}})[0]
+    assert on.reasoning is True  # the service's own option wins

@@ -20,6 +20,7 @@ error params stay the same code:
 - `tool_choice` `{"type": "allowed_tools", "mode", "tools"}` offers only those
   tools (with `mode` as the choice); a named `custom` tool is a named function;
   forcing a hosted tool is refused;
+- `reasoning.effort: "none"` turns thinking off (`extensions.lmsp_tray.reasoning: false`);
 - input items the model never produced here (hosted tool calls) are dropped;
   `custom_tool_call` / `custom_tool_call_output` and namespaced
   `function_call` items are rewritten as the model saw them.
@@ -289,6 +290,20 @@ def _input(value: Any, tools: ToolMap) -> Any:
     return items
 
 
+def _reasoning_off(body: dict[str, Any]) -> Any:
+    """`extensions`, with thinking turned off for OpenAI's `reasoning.effort: "none"` (unless set there)."""
+    extensions = body.get("extensions")
+    reasoning = body.get("reasoning")
+    if not (isinstance(reasoning, dict) and reasoning.get("effort") == "none"):
+        return extensions
+    if extensions is not None and not isinstance(extensions, dict):
+        return extensions  # the LMSP parser names the fault
+    own = (extensions or {}).get("lmsp_tray")
+    if own is not None and not isinstance(own, dict):
+        return extensions
+    return {**(extensions or {}), "lmsp_tray": {"reasoning": False, **(own or {})}}
+
+
 def parse_openai_response_create(body: Any) -> tuple[ResponseRequest, ToolMap]:
     """Validate an OpenAI Responses body into the service's `ResponseRequest`, and the map of its tools.
 
@@ -316,6 +331,7 @@ def parse_openai_response_create(body: Any) -> tuple[ResponseRequest, ToolMap]:
         lmsp["tools"] = offered
     if choice is not None:
         lmsp["tool_choice"] = choice
+    lmsp["extensions"] = _reasoning_off(body)
     request = parse_response_create(lmsp)
     echoed = {k: body.get(k, default) for k, default in ECHOED_DEFAULTS.items()}
     echoed["metadata"] = echoed["metadata"] or {}
