@@ -326,7 +326,7 @@ class Service:
         if self._closing:  # shutdown began while this request was being prepared
             job.cancel()
             raise ServiceUnavailable("The service is shutting down; send the request again once it is back.")
-        assembler = ResponseAssembler(entry.id, response_id=response_id)
+        assembler = ResponseAssembler(entry.id, response_id=response_id, fields=request.response_fields)
         run = ResponseRun(assembler, job, queue, on_done=self._run_done, parser=plan.parser())
         self._runs.add(run)
         return run
