@@ -130,6 +130,7 @@ class Config:
     allowed_origins: list[str] = field(default_factory=list)
     demo_model: bool = True  # assemble the embedded demo model when no other model exists
     keyring_retry: float | None = 30.0  # after a keyring failure, try it again this often; None: never
+    sse_keepalive: float = 15.0  # a silent event stream gets a keep-alive comment this often
 
     def with_overrides(self, **overrides: Any) -> Config:
         """A copy with the non-None overrides applied (command-line options)."""
@@ -193,10 +194,13 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         "task_ttl",
         "housekeeping_interval",
         "keyring_retry",
+        "sse_keepalive",
     }:
         seconds = parse_duration(value, name=where)
-        if name in {"event_retention", "housekeeping_interval"} and seconds is None:
+        if name in {"event_retention", "housekeeping_interval", "sse_keepalive"} and seconds is None:
             raise ConfigError(f"{where}: must be a finite duration")
+        if name == "sse_keepalive" and seconds is not None and seconds <= 0:
+            raise ConfigError(f"{where}: must be a duration above zero")
         return seconds
     if name == "models_dirs":
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):

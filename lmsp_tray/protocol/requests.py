@@ -259,6 +259,8 @@ class ResponseRequest:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     repeat_penalty: float | None = None
+    presence_penalty: float = 0.0  # OpenAI's penalties (chat completions), applied by llama.cpp's penalties sampler
+    frequency_penalty: float = 0.0
     keep_alive: float | str | None = None
     reasoning: bool | None = None
     json_schema: dict[str, Any] | None = None  # response_format json_schema's schema

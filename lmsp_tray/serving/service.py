@@ -433,6 +433,8 @@ class Service:
             top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
             min_p=DEFAULT_MIN_P if request.min_p is None else request.min_p,
             repeat_penalty=1.0 if request.repeat_penalty is None else request.repeat_penalty,
+            frequency_penalty=request.frequency_penalty,
+            presence_penalty=request.presence_penalty,
             seed=request.seed,
             grammar=plan.grammar,
             grammar_root=plan.grammar_root,
