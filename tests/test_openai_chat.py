@@ -8,7 +8,9 @@ with a pydantic model), reasoning in `reasoning_content`, finish reasons, and Op
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -305,3 +307,32 @@ def test_idempotency_key_replays(live: LiveDaemon) -> None:
     assert first.status_code == again.status_code == 200
     assert again.headers.get("idempotent-replayed") == "true"
     assert again.json() == first.json()
+
+
+PROMPTS = ["hello world", "the local model", "a test of the stream", "weather in the city"]
+
+
+def test_four_v1_streams_decode_together(daemon_factory: Any) -> None:
+    """Batching holds on /v1: four concurrent chat streams equal their solo output and share decode steps."""
+    live = daemon_factory(parallel=4)
+    sdk = openai.OpenAI(base_url=live.base + "/v1", api_key=live.owner_token, max_retries=0, timeout=120)
+
+    def run(prompt: str) -> str:
+        chunks = sdk.chat.completions.create(
+            model=TINY_ID, messages=[{"role": "user", "content": prompt}], max_tokens=40, temperature=0, stream=True
+        )
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    alone = {p: run(p) for p in PROMPTS}
+    solo_steps = live.scheduler().steps
+    barrier = threading.Barrier(len(PROMPTS))
+
+    def together(p: str) -> str:
+        barrier.wait()
+        return run(p)
+
+    with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
+        batched = dict(zip(PROMPTS, pool.map(together, PROMPTS)))
+    assert batched == alone
+    # They really shared decode steps: far fewer than the four runs one after another took.
+    assert live.scheduler().steps - solo_steps < solo_steps * 0.75
