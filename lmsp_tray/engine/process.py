@@ -189,6 +189,9 @@ class ModelProcess:
         _, payload = self._request(wire.TOKENIZE, head + text.encode("utf-8", errors="replace"))
         return wire.unpack_tokens(payload)
 
+    def fim_tokens(self, prefix: str, suffix: str) -> list[int]:
+        return list(wire.unpack_json(self._call({"op": "fim_tokens", "prefix": prefix, "suffix": suffix})))
+
     def stats(self, *, batches: bool = False) -> ModelStats:
         data = wire.unpack_json(self._call({"op": "stats", "batches": batches}))
         data["batch_sizes"] = tuple(data.get("batch_sizes") or ())

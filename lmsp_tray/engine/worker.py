@@ -197,6 +197,8 @@ class Worker:
                 result = self.model.find_token(str(request["text"]))
             elif op == "is_control":
                 result = self.model.is_control(int(request["token"]))
+            elif op == "fim_tokens":
+                result = self.model.fim_tokens(str(request["prefix"]), str(request["suffix"]))
             elif op == "stats":
                 result = dataclasses.asdict(self.model.stats(batches=bool(request.get("batches"))))
             else:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from lmsp_tray.protocol.events import Event
 
@@ -172,7 +172,13 @@ class ChunkWriter:
         return []  # item bookkeeping and `response.cancelled` (nobody is reading) have no chunk
 
 
-async def chat_chunks(events: AsyncIterator[Event], writer: ChunkWriter) -> AsyncIterator[Event]:
+class Chunker(Protocol):
+    def feed(self, event: Event) -> list[Event]:
+        """The chunks one event of the run becomes."""
+        ...
+
+
+async def chat_chunks(events: AsyncIterator[Event], writer: Chunker) -> AsyncIterator[Event]:
     """The chunks of a run's events, ending after its terminal event."""
     async for event in events:
         for chunk in writer.feed(event):

@@ -244,6 +244,15 @@ class Tool:
     parameters: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class RawPrompt:
+    """A plain completion (`POST /v1/completions`): text continued as it is, no chat template; with a
+    `suffix`, the model fills in the middle between `prompt` and `suffix` with its FIM tokens."""
+
+    prompt: str
+    suffix: str | None = None
+
+
 @dataclass
 class ResponseRequest:
     """A validated request, independent of HTTP and pydantic."""
@@ -272,6 +281,7 @@ class ResponseRequest:
     raw: dict[str, Any] = field(default_factory=dict)  # the body as received (for storage/idempotency)
     input_items: list[dict[str, Any]] = field(default_factory=list)  # `input` as sent, as items (when `store`)
     size: int = 0  # characters of text, arguments, outputs and schemas (see the module docstring)
+    completion: RawPrompt | None = None  # a plain completion: `items` is empty and no template is used
 
     @property
     def large(self) -> bool:

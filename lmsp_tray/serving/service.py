@@ -52,7 +52,7 @@ from lmsp_tray.errors import (
     UnsupportedCapability,
 )
 from lmsp_tray.protocol.events import Event, ResponseAssembler
-from lmsp_tray.protocol.requests import ResponseRequest
+from lmsp_tray.protocol.requests import RawPrompt, ResponseRequest
 
 log = logging.getLogger("lmsp_tray.serving.service")
 
@@ -380,30 +380,21 @@ class Service:
     def _prompt_tokens(
         self, model: LoadedModel, request: ResponseRequest, spec: OutputSpec
     ) -> tuple[ChatPlan, list[int]]:
-        if not request.items:
-            raise InvalidRequest("'input' must contain at least one item.", param="input")
-        plan = build_plan(model, request, spec)  # prompt for the model's family, grammar, parser
         window = model.context_length
-        floor = token_floor(model.tokenize_prompt, plan.prompt, window)
-        if floor is not None:  # far too long: refused without tokenizing all of it
-            raise InputTooLong(
-                f"The input is at least {floor} tokens; '{model.id}' has a context window of {window} tokens "
-                f"and needs room for at least one output token. Shorten the input.",
-                param="input",
-            )
-        try:
-            tokens = model.tokenize_prompt(plan.prompt, at_most=window)
-        except InputTooLong:
-            raise
-        except ContextLengthExceeded as exc:  # the model's own bound (the text's bytes over its longest piece)
-            raise InputTooLong(exc.detail, param="input") from None
+        if request.completion is not None:
+            plan, tokens = self._completion_tokens(model, request.completion, window)
+        else:
+            if not request.items:
+                raise InvalidRequest("'input' must contain at least one item.", param="input")
+            plan = build_plan(model, request, spec)  # prompt for the model's family, grammar, parser
+            tokens = self._tokenize(model, plan.prompt, window)
         if not tokens:
             raise InvalidRequest("The input renders to an empty prompt.", param="input")
         if len(tokens) >= window:
             raise InputTooLong(
                 f"The input is {len(tokens)} tokens; '{model.id}' has a context window of {window} tokens "
                 f"and needs room for at least one output token. Shorten the input.",
-                param="input",
+                param="input" if request.completion is None else "prompt",
             )
         if request.max_output_tokens is not None and len(tokens) + request.max_output_tokens > window:
             raise ContextLengthExceeded(
@@ -413,6 +404,36 @@ class Service:
                 param="max_output_tokens",
             )
         return plan, tokens
+
+    @staticmethod
+    def _tokenize(model: LoadedModel, prompt: str, window: int, param: str = "input") -> list[int]:
+        floor = token_floor(model.tokenize_prompt, prompt, window)
+        if floor is not None:  # far too long: refused without tokenizing all of it
+            raise InputTooLong(
+                f"The input is at least {floor} tokens; '{model.id}' has a context window of {window} tokens "
+                f"and needs room for at least one output token. Shorten the input.",
+                param=param,
+            )
+        try:
+            return model.tokenize_prompt(prompt, at_most=window)
+        except InputTooLong:
+            raise
+        except ContextLengthExceeded as exc:  # the model's own bound (the text's bytes over its longest piece)
+            raise InputTooLong(exc.detail, param=param) from None
+
+    def _completion_tokens(self, model: LoadedModel, raw: RawPrompt, window: int) -> tuple[ChatPlan, list[int]]:
+        """A plain completion's prompt: the text as it is, or the model's fill-in-the-middle prompt.
+        Its output is plain text (no thinking or call parsing)."""
+        plan = ChatPlan(prompt=raw.prompt)
+        if raw.suffix is None:
+            return plan, self._tokenize(model, raw.prompt, window, param="prompt")
+        if len(raw.prompt) + len(raw.suffix) > window * PROBE_CHARS_PER_TOKEN * 4:
+            raise InputTooLong(
+                f"The prompt and suffix are {len(raw.prompt) + len(raw.suffix):,} characters, far more than the "
+                f"context window of {window} tokens holds. Send less context around the cursor.",
+                param="prompt",
+            )
+        return plan, model.fim_tokens(raw.prompt, raw.suffix)
 
     def _job(
         self, model: LoadedModel, request: ResponseRequest, prompt: list[int], plan: ChatPlan

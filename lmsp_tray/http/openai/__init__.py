@@ -5,7 +5,7 @@ same engine and scheduler, same bearer tokens, scopes and Host/Origin/size
 checks — but with OpenAI's wire shapes and error object. Each endpoint family
 lives in its own module and contributes its `Scoped` routes to `OPENAI`:
 
-- `chat.py`: `POST /v1/chat/completions` (`responses:create`)
+- `chat.py`: `POST /v1/chat/completions`, `POST /v1/completions` (`responses:create`)
 - `models.py`: `GET /v1/models`, `GET /v1/models/{id}` (`models:read`)
 - `errors.py`: OpenAI's `{"error": {"message", "type", "param", "code"}}`
 """
