@@ -242,6 +242,26 @@ def test_parse_with_a_pydantic_model(sdk: openai.OpenAI) -> None:
 PLAIN = "plain-tiny:1m-f32"
 
 
+class Ticket(BaseModel):
+    code: str = Field(pattern=r"^[A-Z]{2}-\d{3}$")
+    tag: str = Field(pattern=r"^#[a-z]{1,8}$", max_length=9)
+
+
+def test_parse_with_constrained_strings(sdk: openai.OpenAI) -> None:
+    """pydantic's `pattern` reaches the grammar (it was refused with 400 before)."""
+    for seed in range(3):
+        done = sdk.chat.completions.parse(
+            model=PLAIN,
+            messages=[{"role": "user", "content": "A ticket."}],
+            response_format=Ticket,
+            max_tokens=300,
+            seed=seed,
+            temperature=1.0,
+        )
+        parsed = done.choices[0].message.parsed
+        assert isinstance(parsed, Ticket), done.choices[0]
+
+
 def test_json_object(sdk: openai.OpenAI) -> None:
     done = sdk.chat.completions.create(
         model=PLAIN,
