@@ -21,7 +21,6 @@ from typing import Any
 
 APP_NAME = "lmsp-tray"
 DEFAULT_PORT = 7373
-DEFAULT_CONTEXT_CAP = 8192
 HOME_ENV = "LMSP_TRAY_HOME"
 
 
@@ -112,7 +111,7 @@ class Config:
     port: int = DEFAULT_PORT
     models_dirs: list[Path] = field(default_factory=list)
     default_dirs: bool = True
-    context_cap: int = DEFAULT_CONTEXT_CAP
+    context_cap: int | None = None  # None: each model's window is sized from memory (up to its trained length)
     keep_alive: float | None = 300.0
     gpu: str = "auto"  # "auto" | "off"
     gpu_layers: int | None = None  # None: all layers that fit
@@ -226,7 +225,9 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         if not isinstance(value, str) or value not in {"127.0.0.1", "::1", "localhost"}:
             raise ConfigError(f"{where}: the service only binds loopback (127.0.0.1 or ::1)")
         return value
-    if name in {"gpu_layers", "threads", "parallel"} and value is None:
+    if name in {"gpu_layers", "threads", "parallel", "context_cap"} and value is None:
+        return None
+    if name == "context_cap" and value == "auto":
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "gpu_layers" else 1):
         raise ConfigError(f"{where}: expected a positive whole number")

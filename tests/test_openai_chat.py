@@ -60,6 +60,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveDaemon]:
     home = tmp_path_factory.mktemp("home")
     models = write_family_models(tmp_path_factory.mktemp("family-models"))
     write_tiny_gguf(models / "tiny-test-1m-f32.gguf")
+    write_tiny_gguf(models / "long-tiny.gguf", basename="long-tiny", context_length=32768)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LMSP_TRAY_HOME", str(home))
         daemon = start_daemon(models, parallel=2, threads=1)
@@ -288,6 +289,22 @@ def test_reasoning_content_is_apart(sdk: openai.OpenAI) -> None:
     )
     thought = "".join((c.choices[0].delta.model_dump().get("reasoning_content") or "") for c in chunks if c.choices)
     assert thought == message["reasoning_content"]
+
+
+LONG_ID = "long-tiny:1m-f32"
+
+
+def test_default_context_fits_an_agents_first_request(sdk: openai.OpenAI) -> None:
+    """Without context_cap the window is sized from memory (this model's KV cache is tiny, so it gets
+    its whole trained 32k, not the old fixed 8k), the listing says so, and a ~9,000-token request runs."""
+    listed = {m.id: m.model_dump() for m in sdk.models.list()}
+    assert listed[LONG_ID]["context_length"] == 32768
+    assert listed[TINY_ID]["context_length"] == 512  # never past the trained length
+    done = sdk.chat.completions.create(
+        model=LONG_ID, messages=[{"role": "user", "content": "hello world " * 800}], max_tokens=2, temperature=0
+    )
+    assert done.usage is not None and done.usage.prompt_tokens > 9000
+    assert sdk.models.retrieve(LONG_ID).model_dump()["context_length"] == 32768  # loaded: the same window
 
 
 def test_errors_in_openai_shape(sdk: openai.OpenAI, live: LiveDaemon) -> None:

@@ -2,8 +2,8 @@
 
 Loading decides where the model runs (all layers on the GPU when one is
 present and they fit, else the CPU with one thread per physical core),
-the context window (min of the trained length, the configured cap and
-8192 by default), and how many sequences decode together. The object then
+the context window (min of the trained length and the configured cap, or
+a window sized from memory: `load_plan.auto_window`), and how many sequences decode together. The object then
 answers what the service needs: render a conversation, tokenize it, and
 submit a generation job to the scheduler thread that owns the context (jobs
 with a grammar go through `grammars.GrammarBuilder` first). It runs inside a

@@ -29,7 +29,6 @@ from lmsp_tray.chat.plan import ChatPlan, OutputSpec, build_plan, prepare
 from lmsp_tray.config import Config, ConfigError, parse_duration
 from lmsp_tray.discovery.entry import ModelEntry
 from lmsp_tray.engine.jobs import CANCELLED, CONTEXT, ERROR, LENGTH, Finish, GenerationJob, GrammarOn
-from lmsp_tray.engine.load_plan import context_window
 from lmsp_tray.engine.loaded import LoadedModel
 from lmsp_tray.engine.manager import ModelManager
 from lmsp_tray.engine.sampling import (
@@ -237,7 +236,7 @@ class Service:
             "architecture": info.architecture if info else None,
             "parameters": info.size_label if info else None,
             "quantization": info.quantization if info else None,
-            "context_length": loaded.context_length if loaded else context_window(entry, self.config.context_cap),
+            "context_length": loaded.context_length if loaded else self.models.context_window(entry),
             "size_bytes": entry.size_bytes,
             "capabilities": self.model_capabilities(entry),
             "state": state,
