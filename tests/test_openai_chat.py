@@ -373,3 +373,42 @@ def test_four_v1_streams_decode_together(daemon_factory: Any) -> None:
     assert batched == alone
     # They really shared decode steps: far fewer than the four runs one after another took.
     assert live.scheduler().steps - solo_steps < solo_steps * 0.75
+
+
+def test_logprobs_from_the_models_logits(sdk: openai.OpenAI, live: LiveDaemon) -> None:
+    """`logprobs`/`top_logprobs` are the model's own: the first token's equal llama.cpp's softmax over the
+    logits of the same prompt, computed here in process; greedy picks are the top alternative."""
+    done = sdk.chat.completions.create(**hi(max_tokens=6), logprobs=True, top_logprobs=3)
+    choice = done.choices[0]
+    assert choice.logprobs is not None and choice.logprobs.content is not None
+    entries = choice.logprobs.content
+    assert len(entries) == 6
+    assert b"".join(bytes(e.bytes or []) for e in entries).decode(errors="replace") == choice.message.content
+    for e in entries:
+        assert e.logprob <= 0 and len(e.top_logprobs) == 3
+        assert e.top_logprobs[0].token == e.token and abs(e.top_logprobs[0].logprob - e.logprob) < 1e-6
+        assert e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob >= e.top_logprobs[2].logprob
+        assert bytes(e.bytes or []).decode(errors="replace") == e.token
+    # The same prompt's first-token distribution from llama.cpp itself.
+    from llama_cpp import Llama
+
+    path = live.service.catalog.resolve(TINY_ID).path
+    llm = Llama(model_path=str(path), n_ctx=512, logits_all=True, verbose=False)
+    prompt = "<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\n"
+    tokens = llm.tokenize(prompt.encode(), add_bos=True, special=True)
+    assert done.usage is not None and done.usage.prompt_tokens == len(tokens)
+    llm.eval(tokens)
+    logits = [float(x) for x in llm.scores[len(tokens) - 1]]
+    peak = max(logits)
+    import math
+
+    total = peak + math.log(sum(math.exp(x - peak) for x in logits))
+    ranked = sorted(range(len(logits)), key=lambda i: -logits[i])[:3]
+    # (the service's context batches differently, so the last digits may differ)
+    for alt, i in zip(entries[0].top_logprobs, ranked, strict=True):
+        assert abs(alt.logprob - (logits[i] - total)) < 0.01
+    # Streamed chunks carry the same entries; without logprobs there are none.
+    chunks = list(sdk.chat.completions.create(**hi(max_tokens=6), logprobs=True, top_logprobs=3, stream=True))
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content or []]
+    assert [(e.token, round(e.logprob, 4)) for e in streamed] == [(e.token, round(e.logprob, 4)) for e in entries]
+    assert sdk.chat.completions.create(**hi(max_tokens=2)).choices[0].logprobs is None

@@ -215,6 +215,7 @@ class ModelProcess:
             "stop_tokens": sorted(job.stop_tokens),
             "visible_tokens": sorted(job.visible_tokens),
             "lazy": trigger.to_json() if trigger is not None else None,
+            "logprobs": job.logprobs,
         }
         cancel = wire.frame(wire.CANCEL, ident)
         job.on_cancel = lambda: self._send(cancel)
@@ -294,6 +295,11 @@ class ModelProcess:
                     job.first_token_at = time.monotonic()
                 text = payload.decode("utf-8", errors="replace")
                 job.sink(text if kind == wire.TEXT else GrammarOn(text))
+        elif kind == wire.LOGPROB:
+            with self._lock:
+                job = self._jobs.get(ident)
+            if job is not None:
+                job.sink(wire.unpack_logprob(payload))
         elif kind == wire.FINISH:
             now = time.monotonic()
             with self._lock:

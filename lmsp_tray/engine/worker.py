@@ -35,7 +35,7 @@ from typing import Any
 
 from lmsp_tray.discovery.entry import GGUFInfo, ModelEntry
 from lmsp_tray.engine import wire
-from lmsp_tray.engine.jobs import ERROR, Finish, GenerationJob, GrammarOn
+from lmsp_tray.engine.jobs import ERROR, Finish, GenerationJob, GrammarOn, TokenLogprob
 from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan
 from lmsp_tray.engine.trigger import CallMarkers
 from lmsp_tray.errors import InternalError, LMSPError, ModelLoadFailed
@@ -155,6 +155,7 @@ class Worker:
             stop_tokens=frozenset(spec.get("stop_tokens") or ()),
             grammar_trigger=CallMarkers.from_json(lazy) if lazy else None,
             visible_tokens=frozenset(spec.get("visible_tokens") or ()),
+            logprobs=spec.get("logprobs"),
         )
         with self._lock:
             self._jobs[ident] = job
@@ -167,9 +168,11 @@ class Worker:
     def _sink(self, ident: int) -> Any:
         queue = self._writer.queue  # sent with the rest of the decode step (FrameWriter.flush)
 
-        def sink(item: str | GrammarOn | Finish) -> None:
+        def sink(item: str | GrammarOn | TokenLogprob | Finish) -> None:
             if isinstance(item, str):
                 queue(wire.frame(wire.TEXT, ident, item.encode("utf-8", errors="replace")))
+            elif isinstance(item, TokenLogprob):
+                queue(wire.frame(wire.LOGPROB, ident, wire.pack_logprob(item)))
             elif isinstance(item, GrammarOn):
                 queue(wire.frame(wire.GRAMMAR_ON, ident, item.root.encode("utf-8")))
             else:

@@ -11,7 +11,8 @@ harmlessly) and converts it; `openai_chunks` turns the service's events back
 into chat completion objects and chunks.
 
 What is refused, clearly (400): `n` other than 1, images and audio in
-content, `logprobs` beyond what the engine reports.
+content. `logprobs` / `top_logprobs` (up to 20) come from the model's raw
+logits, for the tokens of a plain answer (not of thinking or tool calls).
 """
 
 from __future__ import annotations
@@ -346,6 +347,7 @@ def parse_chat_create(body: Any) -> ChatRequest:
         tool_choice=tool_choice,
         raw=body,
         size=size,
+        logprobs=(edge.top_logprobs or 0) if edge.logprobs else None,
     )
     return ChatRequest(
         request,

@@ -81,15 +81,19 @@ def _tool_call(item: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def chat_completion(response: dict[str, Any], *, logprobs: Any = None) -> dict[str, Any]:
+def chat_completion(response: dict[str, Any]) -> dict[str, Any]:
     """A finished response object as a `chat.completion`."""
+    logprobs: list[dict[str, Any]] | None = None
     text: list[str] = []
     reasoning: list[str] = []
     calls: list[dict[str, Any]] = []
     for item in response.get("output") or []:
         kind = item.get("type")
         if kind == "message":
-            text.extend(p.get("text", "") for p in item.get("content") or [])
+            for part in item.get("content") or []:
+                text.append(part.get("text", ""))
+                if "logprobs" in part:
+                    logprobs = (logprobs or []) + part["logprobs"]
         elif kind == "reasoning":
             reasoning.extend(p.get("text", "") for p in item.get("summary") or [])
         elif kind == "function_call":
@@ -106,7 +110,14 @@ def chat_completion(response: dict[str, Any], *, logprobs: Any = None) -> dict[s
         "created": response.get("created_at", 0),
         "model": response.get("model"),
         "system_fingerprint": None,
-        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason(response)}],
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
+                "finish_reason": finish_reason(response),
+            }
+        ],
         "usage": chat_usage(response.get("usage")),
     }
 
@@ -148,6 +159,10 @@ class ChunkWriter:
             self.created = int(response.get("created_at") or 0)
             return [self._chunk({"role": "assistant", "content": ""})]
         if name == "response.output_text.delta":
+            if "logprobs" in data:
+                return [
+                    self._chunk({"content": data["delta"]}, logprobs={"content": data["logprobs"], "refusal": None})
+                ]
             return [self._chunk({"content": data["delta"]})]
         if name == "response.reasoning_summary_text.delta":
             return [self._chunk({"reasoning_content": data["delta"]})]

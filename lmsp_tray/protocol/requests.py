@@ -282,6 +282,7 @@ class ResponseRequest:
     input_items: list[dict[str, Any]] = field(default_factory=list)  # `input` as sent, as items (when `store`)
     size: int = 0  # characters of text, arguments, outputs and schemas (see the module docstring)
     completion: RawPrompt | None = None  # a plain completion: `items` is empty and no template is used
+    logprobs: int | None = None  # report each output token's log probability and this many alternatives
 
     @property
     def large(self) -> bool:

@@ -28,7 +28,7 @@ from lmsp_tray.chat.parser import OutputParser, ParserConfig, apply
 from lmsp_tray.chat.plan import ChatPlan, OutputSpec, build_plan, prepare
 from lmsp_tray.config import Config, ConfigError, parse_duration
 from lmsp_tray.discovery.entry import ModelEntry
-from lmsp_tray.engine.jobs import CANCELLED, CONTEXT, ERROR, LENGTH, Finish, GenerationJob, GrammarOn
+from lmsp_tray.engine.jobs import CANCELLED, CONTEXT, ERROR, LENGTH, Finish, GenerationJob, GrammarOn, TokenLogprob
 from lmsp_tray.engine.loaded import LoadedModel
 from lmsp_tray.engine.manager import ModelManager
 from lmsp_tray.engine.sampling import (
@@ -110,6 +110,7 @@ class ResponseRun:
         self.error: LMSPError | None = None
         self.finish: Finish | None = None  # how generation ended (cached_tokens: prompt reused from KV cache)
         self._cancel_error: LMSPError | None = None
+        self._logprobs: list[dict[str, Any]] = []  # of tokens whose text has not come through yet
         # For the activity view: when it started and first produced text, and the text pieces so far
         # (about one per token; the final count is `finish.output_tokens`).
         self.created = time.monotonic()
@@ -138,8 +139,11 @@ class ResponseRun:
                     if self.first_output is None:
                         self.first_output = time.monotonic()
                     self.pieces += 1
-                    for event in apply(asm, self._parser.feed(item)):
+                    for event in self._text(item):
                         yield event
+                    continue
+                if isinstance(item, TokenLogprob):
+                    self._logprobs.append(_logprob_entry(item))
                     continue
                 if isinstance(item, GrammarOn):
                     self._parser.grammar_on()
@@ -155,6 +159,22 @@ class ResponseRun:
                 self.job.cancel()  # consumer went away: stop generating within one step
             if self._on_done is not None:
                 self._on_done(self)
+
+    def _text(self, text: str) -> list[Event]:
+        """The events of a text delta; a plain-text answer's deltas carry the log probabilities of the tokens
+        behind them (asked for with `logprobs`; thinking and tool calls are parsed out of the text, so their
+        tokens have none)."""
+        ops = self._parser.feed(text)
+        if not self._parser.passthrough or not self._logprobs:
+            self._logprobs.clear()
+            return apply(self.assembler, ops)
+        taken, self._logprobs = self._logprobs, []
+        events: list[Event] = []
+        for kind, payload in ops:
+            if kind == "text":
+                events += self.assembler.text(payload, logprobs=taken)
+                taken = []
+        return events
 
     def _terminal(self, finish: Finish) -> list[Event]:
         asm = self.assembler
@@ -441,7 +461,7 @@ class Service:
         queue: asyncio.Queue = asyncio.Queue()
         put = queue.put_nowait
 
-        def sink(item: str | GrammarOn | Finish) -> None:
+        def sink(item: str | GrammarOn | TokenLogprob | Finish) -> None:
             try:
                 loop.call_soon_threadsafe(put, item)
             except RuntimeError:  # the loop has closed (shutdown): nobody is reading any more
@@ -468,6 +488,7 @@ class Service:
             stop=request.stop,
             grammar_trigger=_lazy_grammar(plan),
             visible_tokens=plan.visible_tokens,
+            logprobs=request.logprobs,
         )
         return job, queue
 
@@ -498,6 +519,15 @@ class Service:
         self._closing = True
         for run in list(self._runs):
             run.cancel()
+
+
+def _logprob_entry(item: TokenLogprob) -> dict[str, Any]:
+    """OpenAI's `{token, logprob, bytes, top_logprobs}` for one token."""
+
+    def one(piece: bytes, logprob: float) -> dict[str, Any]:
+        return {"token": piece.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(piece)}
+
+    return {**one(item.piece, item.logprob), "top_logprobs": [one(p, lp) for p, lp in item.top]}
 
 
 def _lazy_grammar(plan: ChatPlan) -> CallMarkers | None:
