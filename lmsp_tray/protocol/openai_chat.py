@@ -17,6 +17,7 @@ logits, for the tokens of a plain answer (not of thinking or tool calls).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -28,10 +29,12 @@ from lmsp_tray.protocol.requests import (
     FunctionCall,
     FunctionCallOutput,
     Item,
+    LmspTrayOptions,
     Message,
     ResponseRequest,
     Tool,
     _schema_size,
+    _translate,
     items_size,
 )
 
@@ -83,8 +86,6 @@ class FunctionRef(_Edge):
     def _arguments(cls, value: Any) -> Any:
         # Some clients send the arguments back as an object rather than its JSON text.
         if isinstance(value, dict):
-            import json
-
             return json.dumps(value, ensure_ascii=False)
         return "" if value is None else value
 
@@ -267,8 +268,6 @@ def _options(extensions: dict[str, Any] | None) -> dict[str, Any]:
         return {}
     if not isinstance(ext, dict):
         raise InvalidRequest("extensions.lmsp_tray must be an object.", param="extensions.lmsp_tray")
-    from lmsp_tray.protocol.requests import LmspTrayOptions, _translate
-
     try:
         opts = LmspTrayOptions.model_validate(ext)
     except ValidationError as exc:

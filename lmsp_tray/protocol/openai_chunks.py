@@ -22,15 +22,23 @@ from typing import Any, Protocol
 from lmsp_tray.protocol.events import Event
 
 CHUNK = "chat.completion.chunk"
+# OpenAI's error `type` by HTTP status (the SDKs pick their exception class from the status itself).
 _STATUS_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
     404: "invalid_request_error",
+    405: "invalid_request_error",
     409: "invalid_request_error",
+    410: "invalid_request_error",
     413: "invalid_request_error",
+    422: "invalid_request_error",
     429: "rate_limit_error",
 }
+
+
+def error_type(status: int) -> str:
+    return _STATUS_TYPES.get(status, "server_error")
 
 
 def chat_id(response_id: str) -> str:
@@ -44,7 +52,7 @@ def openai_error(problem: dict[str, Any]) -> dict[str, Any]:
     return {
         "error": {
             "message": problem.get("detail") or problem.get("title") or "The request failed.",
-            "type": _STATUS_TYPES.get(status, "server_error"),
+            "type": error_type(status),
             "param": problem.get("param"),
             "code": problem.get("code"),
         }
