@@ -102,12 +102,15 @@ def main() -> int:
         with httpx.Client(timeout=600) as c:
             stream_chat(c, base, GEMMA_ID, message(0), 8, headers)  # load and warm up
         for r in range(rounds):
-            with llama_server(binary, model, parallel=1, threads=args.threads) as peer, httpx.Client(timeout=600) as c:
-                stream_chat(c, peer, GEMMA_ID, message(0), 8, {})  # warm up
+            with llama_server(binary, model, parallel=1, threads=args.threads) as peer:
+                with httpx.Client(timeout=600) as c:
+                    stream_chat(c, peer, GEMMA_ID, message(0), 8, {})  # warm up
                 for i in range(3):  # ABBA order across rounds: drift in the machine's load hits both alike
                     pair = [("llama-server", peer, {}), ("lmsp-tray", base, headers)]
                     for name, url, auth in pair if (r + i) % 2 == 0 else pair[::-1]:
-                        single[name].append(stream_chat(c, url, GEMMA_ID, message(r + i), args.tokens, auth))
+                        # A new connection each time: an idle pooled one may be closed under the next request.
+                        with httpx.Client(timeout=600) as c:
+                            single[name].append(stream_chat(c, url, GEMMA_ID, message(r + i), args.tokens, auth))
             with llama_server(binary, model, parallel=4, threads=args.threads) as peer:
                 with httpx.Client(timeout=600) as c:
                     stream_chat(c, peer, GEMMA_ID, message(0), 8, {})
