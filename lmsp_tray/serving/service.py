@@ -266,6 +266,9 @@ class Service:
         ext: dict[str, Any] = {"path": str(entry.path), "file_name": entry.path.name}
         if entry.error:
             ext["file_error"] = entry.error  # the file itself cannot be used (not a failed load)
+        progress = self.models.load_progress(entry.id)
+        if progress is not None:  # loading: how much of the weights has been read
+            ext["load_progress"] = round(progress, 3)
         if loaded is not None:
             p = loaded.placement
             ext.update(
