@@ -154,3 +154,22 @@ def test_an_abandoned_completion_does_not_hold_up_the_next(live: LiveDaemon, sdk
     done = sdk.completions.create(model=FIM_SLOW, prompt=PREFIX, suffix=SUFFIX, max_tokens=5, temperature=0)
     assert done.choices[0].finish_reason == "length"
     assert scheduler.steps - before < 3000  # neither abandoned request ran to its 3000 tokens
+
+
+def test_completion_logprobs_in_the_legacy_shape(sdk: openai.OpenAI) -> None:
+    done = sdk.completions.create(model=TINY_ID, prompt="hello world", max_tokens=5, temperature=0, logprobs=2)
+    logprobs = done.choices[0].logprobs
+    assert logprobs is not None and logprobs.tokens is not None and len(logprobs.tokens) == 5
+    assert logprobs.token_logprobs is not None and all(lp <= 0 for lp in logprobs.token_logprobs)
+    assert logprobs.top_logprobs is not None and all(1 <= len(top) <= 2 for top in logprobs.top_logprobs)
+    for token, lp, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, strict=True):
+        assert max(top.values()) == lp and top[token] == lp  # greedy: the pick is the most likely
+    assert logprobs.text_offset == sorted(logprobs.text_offset) and logprobs.text_offset[0] == 0
+    chunks = list(
+        sdk.completions.create(
+            model=TINY_ID, prompt="hello world", max_tokens=5, temperature=0, logprobs=2, stream=True
+        )
+    )
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens or []]
+    assert streamed == logprobs.tokens
+    assert sdk.completions.create(model=TINY_ID, prompt="hello", max_tokens=2).choices[0].logprobs is None

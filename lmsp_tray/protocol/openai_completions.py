@@ -9,7 +9,8 @@ scheduler, batching, prefix reuse and cancellation with every other request.
 The answer is a `text_completion` object, or its chunks (then `data: [DONE]`).
 
 Refused with 400: `n` or `best_of` other than 1, `echo` with a `suffix`,
-several prompts in one request, `logprobs`.
+several prompts in one request. `logprobs` (0–5 alternatives) comes in the
+legacy shape (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`).
 """
 
 from __future__ import annotations
@@ -79,8 +80,6 @@ def parse_completion_create(body: Any) -> CompletionRequest:
         value = getattr(edge, name)
         if value is not None and value != 1:
             raise InvalidRequest(f"'{name}' must be 1: this service returns one choice per request.", param=name)
-    if edge.logprobs:
-        raise InvalidRequest("'logprobs' is not supported on /v1/completions.", param="logprobs")
     prompt = edge.prompt
     if isinstance(prompt, list):
         if len(prompt) != 1:
@@ -114,6 +113,7 @@ def parse_completion_create(body: Any) -> CompletionRequest:
         raw=body,
         size=len(prompt) + len(edge.suffix or ""),
         completion=RawPrompt(prompt, edge.suffix),
+        logprobs=edge.logprobs,
     )
     return CompletionRequest(request, include_usage=include_usage, echo=prompt if edge.echo else "")
 
@@ -122,25 +122,59 @@ def completion_id(response_id: str) -> str:
     return "cmpl-" + response_id.split("_", 1)[-1]
 
 
+def legacy_logprobs(entries: list[dict[str, Any]], offset: int) -> dict[str, Any]:
+    """Chat-style `{token, logprob, top_logprobs}` entries in the completions shape; `offset` is where the
+    first token's text starts in the choice's text."""
+    offsets = []
+    for entry in entries:
+        offsets.append(offset)
+        offset += len(entry["token"])
+    return {
+        "tokens": [e["token"] for e in entries],
+        "token_logprobs": [e["logprob"] for e in entries],
+        "top_logprobs": [_top(e["top_logprobs"]) for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def _top(alternatives: list[dict[str, Any]]) -> dict[str, float]:
+    """`{token text: logprob}`, most likely first; of two tokens with the same text (byte pieces of one
+    character) the likelier is kept."""
+    top: dict[str, float] = {}
+    for alt in alternatives:
+        top.setdefault(alt["token"], alt["logprob"])
+    return top
+
+
 def _reason(response: dict[str, Any]) -> str:
     return "length" if response.get("status") == "incomplete" else "stop"
 
 
 def text_completion(response: dict[str, Any], *, echo: str = "") -> dict[str, Any]:
     """A finished response object as a `text_completion`."""
-    text = "".join(
-        part.get("text", "")
+    parts = [
+        part
         for item in response.get("output") or []
         if item.get("type") == "message"
         for part in item.get("content") or []
-    )
+    ]
+    text = "".join(part.get("text", "") for part in parts)
+    entries = [entry for part in parts for entry in part.get("logprobs") or []]
+    asked = any("logprobs" in part for part in parts)
     return {
         "id": completion_id(response["id"]),
         "object": "text_completion",
         "created": response.get("created_at", 0),
         "model": response.get("model"),
         "system_fingerprint": None,
-        "choices": [{"text": echo + text, "index": 0, "logprobs": None, "finish_reason": _reason(response)}],
+        "choices": [
+            {
+                "text": echo + text,
+                "index": 0,
+                "logprobs": legacy_logprobs(entries, len(echo)) if asked else None,
+                "finish_reason": _reason(response),
+            }
+        ],
         "usage": chat_usage(response.get("usage")),
     }
 
@@ -155,16 +189,20 @@ class CompletionChunks:
     id: str = ""
     created: int = 0
     _seq: int = field(default=0)
+    _offset: int = field(default=0)  # characters of the choice's text sent so far
 
     def _chunk(self, text: str | None, finish: str | None = None, **extra: Any) -> Event:
         self._seq += 1
+        logprobs = extra.pop("logprobs", None)
         data: dict[str, Any] = {
             "id": self.id,
             "object": "text_completion",
             "created": self.created,
             "model": self.model,
             "system_fingerprint": None,
-            "choices": [] if text is None else [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}],
+            "choices": []
+            if text is None
+            else [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}],
         }
         if self.include_usage:
             data["usage"] = None
@@ -177,8 +215,12 @@ class CompletionChunks:
             response = data.get("response") or {}
             self.id = completion_id(str(response.get("id") or data.get("response_id") or ""))
             self.created = int(response.get("created_at") or 0)
+            self._offset = len(self.echo)
             return [self._chunk(self.echo)] if self.echo else []
         if name == "response.output_text.delta":
+            start, self._offset = self._offset, self._offset + len(data["delta"])
+            if "logprobs" in data:
+                return [self._chunk(data["delta"], logprobs=legacy_logprobs(data["logprobs"], start))]
             return [self._chunk(data["delta"])]
         if name in ("response.completed", "response.incomplete"):
             response = data.get("response") or {}
