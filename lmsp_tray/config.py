@@ -24,7 +24,6 @@ DEFAULT_PORT = 7373
 # What `keyless_scopes` may grant to requests without a valid token: using models, never managing
 # them, tokens, settings, or reading the activity log.
 KEYLESS_ALLOWED = ("models:read", "responses:create", "responses:read", "tasks:create", "tasks:read")
-DEFAULT_CONTEXT_CAP = 8192
 HOME_ENV = "LMSP_TRAY_HOME"
 
 
@@ -115,7 +114,7 @@ class Config:
     port: int = DEFAULT_PORT
     models_dirs: list[Path] = field(default_factory=list)
     default_dirs: bool = True
-    context_cap: int = DEFAULT_CONTEXT_CAP
+    context_cap: int | None = None  # None: each model's window is sized from memory (up to its trained length)
     keep_alive: float | None = 300.0
     gpu: str = "auto"  # "auto" | "off"
     gpu_layers: int | None = None  # None: all layers that fit
@@ -136,6 +135,7 @@ class Config:
     # Off by default: scopes granted to requests WITHOUT a valid token (apps that cannot send one),
     # e.g. ["models:read", "responses:create"]; only those in KEYLESS_ALLOWED. Every local process gets them.
     keyless_scopes: list[str] = field(default_factory=list)
+    sse_keepalive: float = 15.0  # a silent event stream gets a keep-alive comment this often
 
     def with_overrides(self, **overrides: Any) -> Config:
         """A copy with the non-None overrides applied (command-line options)."""
@@ -199,10 +199,13 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         "task_ttl",
         "housekeeping_interval",
         "keyring_retry",
+        "sse_keepalive",
     }:
         seconds = parse_duration(value, name=where)
-        if name in {"event_retention", "housekeeping_interval"} and seconds is None:
+        if name in {"event_retention", "housekeeping_interval", "sse_keepalive"} and seconds is None:
             raise ConfigError(f"{where}: must be a finite duration")
+        if name == "sse_keepalive" and seconds is not None and seconds <= 0:
+            raise ConfigError(f"{where}: must be a duration above zero")
         return seconds
     if name == "models_dirs":
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -237,7 +240,9 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         if not isinstance(value, str) or value not in {"127.0.0.1", "::1", "localhost"}:
             raise ConfigError(f"{where}: the service only binds loopback (127.0.0.1 or ::1)")
         return value
-    if name in {"gpu_layers", "threads", "parallel"} and value is None:
+    if name in {"gpu_layers", "threads", "parallel", "context_cap"} and value is None:
+        return None
+    if name == "context_cap" and value == "auto":
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "gpu_layers" else 1):
         raise ConfigError(f"{where}: expected a positive whole number")

@@ -111,7 +111,7 @@ def load_options(config: Config, runtime: Runtime) -> LoadOptions:
         gpu=config.gpu,
         gpu_layers=config.gpu_layers,
         max_queue=config.max_queue,
-        kv_budget_bytes=_kv_budget(config),
+        kv_budget_bytes=kv_budget(config),
     )
 
 
@@ -122,7 +122,7 @@ def _total_ram() -> int | None:
         return None
 
 
-def _kv_budget(config: Config) -> int | None:
+def kv_budget(config: Config) -> int | None:
     """A quarter of the memory budget may go to the KV caches of parallel sequences."""
     total = _total_ram()
     return None if total is None else int(total * config.memory_budget_fraction / 4)

@@ -35,13 +35,15 @@ class LMSPError(Exception):
         self.extra = dict(extra or {})
 
     def to_problem(self) -> dict[str, Any]:
-        """The RFC 9457 problem document for this error."""
+        """The RFC 9457 problem document for this error (`message` repeats `detail` for the SDKs that read it)."""
         doc: dict[str, Any] = {
             "type": f"urn:lmsp:error:{self.code}",
             "title": self.title,
             "status": self.status,
             "detail": self.detail,
             "code": self.code,
+            # An RFC 9457 extension member: SDKs built for OpenAI-style errors show `message`, not `detail`.
+            "message": self.detail,
         }
         if self.param is not None:
             doc["param"] = self.param
@@ -172,7 +174,7 @@ def _classes() -> dict[str, type[LMSPError]]:
 
 def error_from_problem(problem: dict[str, Any], *, headers: dict[str, str] | None = None) -> LMSPError:
     """The error a problem document describes (how a model process reports one to the service)."""
-    known = ("type", "title", "status", "detail", "code", "param")
+    known = ("type", "title", "status", "detail", "code", "param", "message")
     cls = _classes().get(str(problem.get("code") or ""), InternalError)
     return cls(
         str(problem.get("detail") or "The model failed."),

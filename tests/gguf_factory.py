@@ -108,8 +108,14 @@ WORD_PIECES = [
 ]
 
 
-def vocabulary(user_defined: Sequence[str] = ()) -> tuple[list[str], list[float], list[int]]:
-    """Token strings, scores and token types (1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte)."""
+FIM_TOKENS = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]  # Qwen2.5-Coder's / CodeGemma's names
+
+
+def vocabulary(
+    user_defined: Sequence[str] = (), control: Sequence[str] = ()
+) -> tuple[list[str], list[float], list[int]]:
+    """Token strings, scores and token types (1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte);
+    `control` adds control tokens at the end (the other tokens keep their ids)."""
     tokens: list[str] = []
     types: list[int] = []
     for tok in CONTROL_TOKENS:
@@ -124,6 +130,9 @@ def vocabulary(user_defined: Sequence[str] = ()) -> tuple[list[str], list[float]
     for tok in user_defined:
         tokens.append(tok)
         types.append(4)
+    for tok in control:
+        tokens.append(tok)
+        types.append(3)
     assert len(set(tokens)) == len(tokens), "llama.cpp aborts on duplicate token strings"
     scores = [0.0 if t != 1 else -float(i) / 100 for i, t in enumerate(types)]
     return tokens, scores, types
@@ -149,6 +158,7 @@ def write_tiny_gguf(
     logit_bias: dict[str, float] | None = None,
     output_scale: float = 2.0,
     user_defined: Sequence[str] = (),
+    fim: str | None = None,
 ) -> Path:
     """Write a tiny llama-architecture GGUF and return its path.
 
@@ -161,13 +171,15 @@ def write_tiny_gguf(
     close strings or thinking blocks often instead of wandering until the context is full.
     A smaller `output_scale` flattens the next-token distribution (more variety across seeds).
     `user_defined` adds tokens llama.cpp splits out of text before tokenizing (like HTML tags in Gemma).
+    `fim` adds fill-in-the-middle control tokens: "metadata" also names them in
+    `tokenizer.ggml.fim_{pre,suf,mid}_token_id`; "names" leaves llama.cpp to find them by their text.
     """
     import gguf
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    tokens, scores, types = vocabulary(user_defined)
+    tokens, scores, types = vocabulary(user_defined, FIM_TOKENS if fim else ())
     n_vocab = len(tokens)
     head_dim = embedding // heads
     kv_dim = head_dim * heads_kv
@@ -198,6 +210,9 @@ def write_tiny_gguf(
     writer.add_unk_token_id(tokens.index("<unk>"))
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(False)
+    if fim == "metadata":
+        for key, tok in zip(("pre", "suf", "mid"), FIM_TOKENS, strict=True):
+            writer.add_uint32(f"tokenizer.ggml.fim_{key}_token_id", tokens.index(tok))
     if chat_template is not None:
         writer.add_chat_template(chat_template)
     for key, value in (extra_kv or {}).items():

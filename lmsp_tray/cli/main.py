@@ -157,12 +157,13 @@ def _catalog(paths: Paths, config: Config, *, announce: bool) -> Any:
 
 # -- commands -------------------------------------------------------------------------------------
 def cmd_models(paths: Paths, config: Config, args: argparse.Namespace) -> int:
-    from lmsp_tray.daemon import build_catalog
+    from lmsp_tray.daemon import build_catalog, kv_budget
     from lmsp_tray.engine.load_plan import context_window
 
     catalog = build_catalog(paths, config)
     entries = catalog.scan()
     incomplete = catalog.incomplete_files()
+    budget = kv_budget(config)
     if args.json:
         rows: list[dict[str, Any]] = [
             {
@@ -172,7 +173,7 @@ def cmd_models(paths: Paths, config: Config, args: argparse.Namespace) -> int:
                 "architecture": e.info.architecture if e.info else None,
                 "parameters": e.info.size_label if e.info else None,
                 "quantization": e.info.quantization if e.info else None,
-                "context_length": context_window(e, config.context_cap),
+                "context_length": context_window(e, config.context_cap, budget),
                 "state": "error" if e.error else "available",
                 "error": e.error,
                 "incomplete": e.incomplete,
@@ -203,7 +204,7 @@ def cmd_models(paths: Paths, config: Config, args: argparse.Namespace) -> int:
     for e in usable:
         quant = (e.info.quantization if e.info else None) or "-"
         print(
-            f"{e.id:<40} {e.size_bytes / 1e6:>7.0f}MB {quant:<9} {context_window(e, config.context_cap):>7}  "
+            f"{e.id:<40} {e.size_bytes / 1e6:>7.0f}MB {quant:<9} {context_window(e, config.context_cap, budget):>7}  "
             f"{e.source:<12} {e.path.name if e.source != 'ollama' else '(Ollama)'}"
         )
     broken: list[tuple[str, str, str | None]] = [(str(e.path), e.error or "", e.id) for e in entries if e.error]

@@ -138,7 +138,7 @@ def _machine_and_options(config: Config) -> tuple[Any, Any]:
     from lmsp_tray.hub.fit import Machine
 
     try:
-        from lmsp_tray.daemon import load_options
+        from lmsp_tray.daemon import kv_budget, load_options
         from lmsp_tray.engine.runtime import Runtime
 
         runtime = Runtime(capture_logs=True)
@@ -151,7 +151,9 @@ def _machine_and_options(config: Config) -> tuple[Any, Any]:
             runtime.close()
     except Exception:  # noqa: BLE001 - no llama.cpp here: size the model for the CPU alone
         free = total = None
-        options = LoadOptions(context_cap=config.context_cap, parallel=config.parallel, gpu="off")
+        options = LoadOptions(
+            context_cap=config.context_cap, parallel=config.parallel, gpu="off", kv_budget_bytes=kv_budget(config)
+        )
     machine = Machine.this_one(fraction=config.memory_budget_fraction, gpu_free=free, vram_total=total)
     return machine, options
 

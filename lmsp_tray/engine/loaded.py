@@ -80,6 +80,10 @@ class LoadedModel(Protocol):
         tokenizing it (`ContextLengthExceeded`)."""
         ...  # pragma: no cover
 
+    def fim_tokens(self, prefix: str, suffix: str) -> list[int]:
+        """A fill-in-the-middle prompt from the model's FIM tokens; `UnsupportedCapability` without them."""
+        ...  # pragma: no cover
+
     def submit(self, job: GenerationJob) -> None:
         """Queue `job`; raises 503 (unloading) or 429 (waiting line full, with Retry-After) at once."""
         ...  # pragma: no cover

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from lmsp_tray.discovery.entry import ModelEntry
-from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan, plan_load
+from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan, context_window, plan_load
 from lmsp_tray.engine.loaded import LoadedModel
 from lmsp_tray.engine.runtime import Runtime, physical_cores
 from lmsp_tray.errors import InsufficientMemory, LMSPError, ModelLoadFailed, ServiceUnavailable
@@ -191,6 +191,10 @@ class ModelManager:
     def loaded(self) -> list[LoadedModel]:
         with self._lock:
             return [r.model for r in self._records.values() if r.state == LOADED and r.model is not None]
+
+    def context_window(self, entry: ModelEntry) -> int:
+        """The window `entry` gets when loaded with the current settings (without asking the GPU)."""
+        return context_window(entry, self._options.context_cap, self._options.kv_budget_bytes)
 
     def plan(self, entry: ModelEntry) -> LoadPlan:
         return plan_load(entry, self._options, gpu_free_bytes=gpu_free(self._runtime), cores=self._cores)

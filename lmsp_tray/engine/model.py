@@ -2,8 +2,8 @@
 
 Loading decides where the model runs (all layers on the GPU when one is
 present and they fit, else the CPU with one thread per physical core),
-the context window (min of the trained length, the configured cap and
-8192 by default), and how many sequences decode together. The object then
+the context window (min of the trained length and the configured cap, or
+a window sized from memory: `load_plan.auto_window`), and how many sequences decode together. The object then
 answers what the service needs: render a conversation, tokenize it, and
 submit a generation job to the scheduler thread that owns the context (jobs
 with a grammar go through `grammars.GrammarBuilder` first). It runs inside a
@@ -298,6 +298,26 @@ class LlamaModel:
                         self._prompt_tokenizer_thread.start()
             return self.tokenize(text)
         return tokenizer.tokens(text) if tokenizer.markers else self.tokenize(text)
+
+    def fim_tokens(self, prefix: str, suffix: str) -> list[int]:
+        """A fill-in-the-middle prompt, prefix-suffix-middle order as llama-server builds it: start token
+        (if the model adds one), FIM prefix token, the prefix, FIM suffix token, the suffix, FIM middle
+        token. The FIM tokens are the GGUF's `tokenizer.ggml.fim_*_token_id`, or the tokens llama.cpp
+        recognises by their text (`<|fim_prefix|>`, `<fim_prefix>`, `▁<PRE>`, `<｜fim▁begin｜>`…). The
+        texts are user text: special-token text inside them is not parsed as a token."""
+        pre = llama_cpp.llama_vocab_fim_pre(self.vocab)
+        suf = llama_cpp.llama_vocab_fim_suf(self.vocab)
+        mid = llama_cpp.llama_vocab_fim_mid(self.vocab)
+        if min(pre, suf, mid) < 0:
+            raise UnsupportedCapability(
+                f"'{self.id}' has no fill-in-the-middle tokens, so it cannot complete with a 'suffix'; "
+                f"use a code model trained for it (its GGUF names FIM prefix, suffix and middle tokens).",
+                param="suffix",
+            )
+        start = self.tokenize("", add_special=True, parse_special=False)  # the start token, if any
+        body = self.tokenize(prefix, add_special=False, parse_special=False) if prefix else []
+        tail = self.tokenize(suffix, add_special=False, parse_special=False) if suffix else []
+        return [*start, pre, *body, suf, *tail, mid]
 
     def longest_piece(self) -> int:
         """The most bytes of text one token can stand for (its piece, or its text when it is special)."""

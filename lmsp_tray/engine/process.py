@@ -194,6 +194,9 @@ class ModelProcess:
         _, payload = self._request(wire.TOKENIZE, head + text.encode("utf-8", errors="replace"))
         return wire.unpack_tokens(payload)
 
+    def fim_tokens(self, prefix: str, suffix: str) -> list[int]:
+        return list(wire.unpack_json(self._call({"op": "fim_tokens", "prefix": prefix, "suffix": suffix})))
+
     def stats(self, *, batches: bool = False) -> ModelStats:
         data = wire.unpack_json(self._call({"op": "stats", "batches": batches}))
         data["batch_sizes"] = tuple(data.get("batch_sizes") or ())
@@ -217,6 +220,7 @@ class ModelProcess:
             "stop_tokens": sorted(job.stop_tokens),
             "visible_tokens": sorted(job.visible_tokens),
             "lazy": trigger.to_json() if trigger is not None else None,
+            "logprobs": job.logprobs,
         }
         cancel = wire.frame(wire.CANCEL, ident)
         job.on_cancel = lambda: self._send(cancel)
@@ -311,6 +315,11 @@ class ModelProcess:
                     job.first_token_at = time.monotonic()
                 text = payload.decode("utf-8", errors="replace")
                 job.sink(text if kind == wire.TEXT else GrammarOn(text))
+        elif kind == wire.LOGPROB:
+            with self._lock:
+                job = self._jobs.get(ident)
+            if job is not None:
+                job.sink(wire.unpack_logprob(payload))
         elif kind == wire.FINISH:
             now = time.monotonic()
             with self._lock:

@@ -36,7 +36,7 @@ from typing import Any
 from lmsp_tray.discovery.entry import GGUFInfo, ModelEntry
 from lmsp_tray.engine import embedding, wire
 from lmsp_tray.engine.embedding import Embeddings
-from lmsp_tray.engine.jobs import ERROR, Finish, GenerationJob, GrammarOn
+from lmsp_tray.engine.jobs import ERROR, Finish, GenerationJob, GrammarOn, TokenLogprob
 from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan
 from lmsp_tray.engine.trigger import CallMarkers
 from lmsp_tray.errors import InternalError, LMSPError, ModelLoadFailed
@@ -169,6 +169,7 @@ class Worker:
             stop_tokens=frozenset(spec.get("stop_tokens") or ()),
             grammar_trigger=CallMarkers.from_json(lazy) if lazy else None,
             visible_tokens=frozenset(spec.get("visible_tokens") or ()),
+            logprobs=spec.get("logprobs"),
         )
         with self._lock:
             self._jobs[ident] = job
@@ -181,9 +182,11 @@ class Worker:
     def _sink(self, ident: int) -> Any:
         queue = self._writer.queue  # sent with the rest of the decode step (FrameWriter.flush)
 
-        def sink(item: str | GrammarOn | Finish) -> None:
+        def sink(item: str | GrammarOn | TokenLogprob | Finish) -> None:
             if isinstance(item, str):
                 queue(wire.frame(wire.TEXT, ident, item.encode("utf-8", errors="replace")))
+            elif isinstance(item, TokenLogprob):
+                queue(wire.frame(wire.LOGPROB, ident, wire.pack_logprob(item)))
             elif isinstance(item, GrammarOn):
                 queue(wire.frame(wire.GRAMMAR_ON, ident, item.root.encode("utf-8")))
             else:
@@ -211,6 +214,8 @@ class Worker:
                 result = self.model.find_token(str(request["text"]))
             elif op == "is_control":
                 result = self.model.is_control(int(request["token"]))
+            elif op == "fim_tokens":
+                result = self.model.fim_tokens(str(request["prefix"]), str(request["suffix"]))
             elif op == "stats":
                 result = dataclasses.asdict(self.model.stats(batches=bool(request.get("batches"))))
             else:

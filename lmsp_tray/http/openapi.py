@@ -143,7 +143,9 @@ def _path_param(name: str, description: str, example: str | None = None) -> dict
 def _schemas() -> dict[str, Any]:
     request = ResponseCreate.model_json_schema(by_alias=True, ref_template=REF + "{model}")
     defs = request.pop("$defs", {})
-    problem = _obj({"type": STR, "title": STR, "status": INT, "detail": STR, "code": STR}, {"param": STR})
+    problem = _obj(
+        {"type": STR, "title": STR, "status": INT, "detail": STR, "code": STR}, {"param": STR, "message": STR}
+    )
     item = {
         "type": "object",
         "required": ["id", "type"],

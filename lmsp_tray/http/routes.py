@@ -64,6 +64,11 @@ def idempotency_key(request: Request) -> str | None:
 REPLAYED = {"Idempotent-Replayed": "true"}
 
 
+def keepalive(request: Request) -> float:
+    """How long an event stream may stay silent before a keep-alive comment (`sse_keepalive`)."""
+    return _service(request).config.sse_keepalive
+
+
 async def read_body(request: Request) -> bytes:
     """The request body, refusing an oversized one while reading (before it has all arrived)."""
     limit = _service(request).config.max_request_bytes
@@ -163,10 +168,10 @@ async def create_response(request: Request) -> Response | EventStream:
     run = await responder.start(parsed, caller=caller_of(request), key=idempotency_key(request))
     if isinstance(run, Replayed):
         if run.events is not None:
-            return EventStream(iterate(run.events), headers=REPLAYED)
+            return EventStream(iterate(run.events), headers=REPLAYED, keepalive=keepalive(request))
         return JSON(run.body, status_code=run.status, headers=REPLAYED)
     if parsed.stream:
-        return EventStream(run.events(), on_disconnect=run.cancel)
+        return EventStream(run.events(), on_disconnect=run.cancel, keepalive=keepalive(request))
     result = asyncio.ensure_future(run.result())
     gone = asyncio.ensure_future(wait_disconnect(request.receive))
     try:

@@ -244,6 +244,15 @@ class Tool:
     parameters: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class RawPrompt:
+    """A plain completion (`POST /v1/completions`): text continued as it is, no chat template; with a
+    `suffix`, the model fills in the middle between `prompt` and `suffix` with its FIM tokens."""
+
+    prompt: str
+    suffix: str | None = None
+
+
 @dataclass
 class ResponseRequest:
     """A validated request, independent of HTTP and pydantic."""
@@ -259,6 +268,8 @@ class ResponseRequest:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     repeat_penalty: float | None = None
+    presence_penalty: float = 0.0  # OpenAI's penalties (chat completions), applied by llama.cpp's penalties sampler
+    frequency_penalty: float = 0.0
     keep_alive: float | str | None = None
     reasoning: bool | None = None
     json_schema: dict[str, Any] | None = None  # response_format json_schema's schema
@@ -271,6 +282,8 @@ class ResponseRequest:
     input_items: list[dict[str, Any]] = field(default_factory=list)  # `input` as sent, as items (when `store`)
     size: int = 0  # characters of text, arguments, outputs and schemas (see the module docstring)
     response_fields: dict[str, Any] = field(default_factory=dict)  # more fields its response object echoes (/v1)
+    completion: RawPrompt | None = None  # a plain completion: `items` is empty and no template is used
+    logprobs: int | None = None  # report each output token's log probability and this many alternatives
 
     @property
     def large(self) -> bool:

@@ -86,8 +86,9 @@ FIELDS: tuple[Field, ...] = (
     Field(
         "context_cap",
         "Context cap (tokens)",
-        "int",
-        "The context window is the model's trained length or this, whichever is smaller.",
+        "auto_int",
+        "The context window is the model's trained length or this, whichever is smaller; empty: sized from "
+        "memory (16k tokens or more where it fits, so a coding agent's first request fits).",
         "next_load",
     ),
     Field(
