@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from lmsp_tray.errors import InternalError, LMSPError, MethodNotAllowed, NotFound
+from lmsp_tray.errors import InternalError, LMSPError, MethodNotAllowed, NotFound, quote
 from lmsp_tray.http import wire_json
 from lmsp_tray.http.api import ErrorShape, api_for
 
@@ -67,11 +67,12 @@ async def http_exception_handler(request: Request, exc: Exception) -> Response:
     if exc.status_code == 405:
         allowed = (exc.headers or {}).get("Allow", "")
         error: LMSPError = MethodNotAllowed(
-            f"{request.method} is not allowed on {request.url.path}" + (f"; use {allowed}." if allowed else "."),
+            f"{quote(request.method)} is not allowed on {quote(request.url.path)}"
+            + (f"; use {allowed}." if allowed else "."),
             headers={"Allow": allowed} if allowed else None,
         )
     elif exc.status_code == 404:
-        error = NotFound(f"There is nothing at {request.url.path}. The API lives under /lmsp/v1.")
+        error = NotFound(f"There is nothing at {quote(request.url.path)}. The API lives under /lmsp/v1.")
     else:
         error = LMSPError(str(exc.detail))
         error.status, error.code, error.title = exc.status_code, "http_error", "HTTP error"
@@ -79,7 +80,7 @@ async def http_exception_handler(request: Request, exc: Exception) -> Response:
 
 
 async def unexpected_error_handler(request: Request, exc: Exception) -> Response:
-    log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
+    log.error("unexpected error on %s %s", request.method, quote(request.url.path), exc_info=exc)
     return _shape(request).response(InternalError("The service hit an unexpected error; it has been logged."))
 
 

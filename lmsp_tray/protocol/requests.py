@@ -27,6 +27,7 @@ RESERVED_CONTENT = frozenset(
     {"input_image", "input_audio", "input_file", "image", "image_url", "audio", "file", "input_video"}
 )
 MAX_STOP_SEQUENCES = 8
+MAX_C_INT = 2**31 - 1  # what llama.cpp's int parameters hold
 LARGE_REQUEST_CHARS = 16_000  # from this size on, a request is prepared off the event loop
 
 
@@ -147,7 +148,7 @@ class LmspTrayOptions(_Edge):
 
     seed: int | None = Field(default=None, ge=0, le=2**32 - 2)
     top_p: float | None = Field(default=None, ge=0, le=1)
-    top_k: int | None = Field(default=None, ge=0)
+    top_k: int | None = Field(default=None, ge=0, le=MAX_C_INT)
     min_p: float | None = Field(default=None, ge=0, le=1)
     stop: list[str] | None = None
     repeat_penalty: float | None = Field(default=None, gt=0, le=10)
@@ -167,6 +168,13 @@ class LmspTrayOptions(_Edge):
         return value
 
 
+class TextOptions(_Edge):
+    """`text`: Responses-style output options; `format` is the response format."""
+
+    format: ResponseFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+
 class ResponseCreate(_Edge):
     model: str = Field(min_length=1)
     input: list[InputItem]
@@ -176,12 +184,26 @@ class ResponseCreate(_Edge):
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
     response_format: ResponseFormat | None = None
-    text: dict[str, Any] | None = None
+    text: TextOptions | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     store: bool = False
     previous_response_id: str | None = None
     extensions: dict[str, Any] = Field(default_factory=dict)
+    # Fields of OpenAI's Responses API this service does not act on: accepted when well-typed, so a
+    # client's mistake is a 400 naming the field instead of being ignored silently.
+    metadata: dict[str, str] | None = None
+    parallel_tool_calls: bool | None = None
+    user: str | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    include: list[str] | None = None
+    reasoning: dict[str, Any] | None = None
+    max_tool_calls: int | None = Field(default=None, ge=1)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    service_tier: str | None = None
+    background: bool | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
 
     @field_validator("input", mode="before")
     @classmethod
@@ -333,11 +355,8 @@ def parse_response_create(body: Any) -> ResponseRequest:
         # reasoning items sent back are context the model does not need again
 
     fmt = edge.response_format
-    if fmt is None and edge.text and isinstance(edge.text.get("format"), dict):
-        try:
-            fmt = ResponseFormat.model_validate(edge.text["format"])
-        except ValidationError as exc:
-            raise _translate(exc, prefix=("text", "format")) from None
+    if fmt is None and edge.text is not None:
+        fmt = edge.text.format
     tool_choice: str | dict[str, str] = "auto"
     if isinstance(edge.tool_choice, NamedToolChoice):
         tool_choice = {"type": "function", "name": edge.tool_choice.name}

@@ -45,6 +45,7 @@ from lmsp_tray.errors import (
     ServiceUnavailable,
     TaskNotFound,
     TooManyRequests,
+    quote,
 )
 from lmsp_tray.ids import new_id
 from lmsp_tray.protocol.events import Event
@@ -246,7 +247,7 @@ class TaskManager:
     async def get(self, task_id: str, *, caller: Caller = ANONYMOUS) -> TaskRecord:
         task = await storage.read(self.db, task_store.get, task_id, owner=caller.owner)
         if task is None:
-            raise TaskNotFound(f"No task '{task_id}'. GET /lmsp/v1/tasks lists the tasks that are kept.")
+            raise TaskNotFound(f"No task {quote(task_id)}. GET /lmsp/v1/tasks lists the tasks that are kept.")
         return task
 
     async def list_tasks(
