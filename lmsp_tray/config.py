@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmsp_tray.private import private_dir, tighten
+
 APP_NAME = "lmsp-tray"
 DEFAULT_PORT = 7373
 DEFAULT_CONTEXT_CAP = 8192
@@ -57,9 +59,14 @@ class Paths:
         return self.cache_dir / "logs"
 
     def ensure(self) -> Paths:
-        for folder in (self.config_dir, self.data_dir, self.cache_dir, self.models_dir):
-            folder.mkdir(parents=True, exist_ok=True)
-        self.runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        """Make the folders, private to the user (0700; the database and logs 0600), tightening an
+        existing install made under a looser umask (`lmsp_tray.private`)."""
+        for folder in (self.config_dir, self.data_dir, self.cache_dir, self.log_dir, self.runtime_dir):
+            private_dir(folder)
+        self.models_dir.mkdir(parents=True, exist_ok=True)
+        database = [self.database.with_name(self.database.name + suffix) for suffix in ("", "-wal", "-shm")]
+        logs = list(self.log_dir.iterdir()) if self.log_dir.is_dir() else []
+        tighten([*database, *logs, self.config_file])
         return self
 
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
+from lmsp_tray.private import private_file, tighten
 from lmsp_tray.store.errors import NotOurDatabase, StoreClosed, StoreError
 from lmsp_tray.store.migrations import MIGRATIONS, migrate
 
@@ -128,6 +129,7 @@ class Database:
     def _open_writer(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fresh = not self.path.exists() or self.path.stat().st_size == 0
+        private_file(self.path, create=True)  # SQLite gives its -wal and -shm the database's mode
         conn = sqlite3.connect(
             str(self.path), isolation_level=None, check_same_thread=False, timeout=self.busy_timeout_s
         )
@@ -153,6 +155,7 @@ class Database:
             conn.execute("PRAGMA journal_size_limit = 16777216")  # WAL file shrinks back to 16 MiB
             if app_id == 0:
                 conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            tighten(self.path.with_name(self.path.name + suffix) for suffix in ("-wal", "-shm"))
         except BaseException:
             conn.close()
             raise
