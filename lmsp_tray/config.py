@@ -129,6 +129,11 @@ class Config:
     max_loaded_models: int = 3
     memory_budget_fraction: float = 0.75  # of RAM (and VRAM) that loaded models may use
     max_request_bytes: int = 8 * 1024 * 1024
+    request_head_timeout: float = 10.0  # a request line and headers must arrive within this
+    request_body_timeout: float = 60.0  # a request body must arrive within this
+    idle_timeout: float = 15.0  # a kept-alive connection with no request is closed after this
+    max_connections: int = 4096  # open connections (kept below the descriptor limit)
+    max_queued_tasks: int = 64  # a token's queued tasks before POST /tasks answers 429
     max_grammar_bytes: int = 512 * 1024  # GBNF a request's schemas and tools may compile to (else 400)
     event_retention: float = 86400.0  # a finished task's events (then 410 event_history_expired)
     stored_response_ttl: float | None = None  # stored responses (`store: true`); None: until deleted
@@ -145,6 +150,7 @@ class Config:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+_FINITE_DURATIONS = ("request_head_timeout", "request_body_timeout", "idle_timeout")
 
 
 def load_config(paths: Paths) -> Config:
@@ -200,10 +206,13 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         "task_ttl",
         "housekeeping_interval",
         "keyring_retry",
+        *_FINITE_DURATIONS,
     }:
         seconds = parse_duration(value, name=where)
         if name in {"event_retention", "housekeeping_interval"} and seconds is None:
             raise ConfigError(f"{where}: must be a finite duration")
+        if name in _FINITE_DURATIONS and not seconds:
+            raise ConfigError(f"{where}: must be a positive, finite duration")
         return seconds
     if name == "models_dirs":
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):

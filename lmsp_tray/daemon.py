@@ -59,6 +59,7 @@ from lmsp_tray.engine.load_plan import MAX_DEFAULT_PARALLEL, LoadOptions
 from lmsp_tray.engine.manager import DEFAULT, MemoryBudget, ModelManager, gpu_free
 from lmsp_tray.engine.runtime import Runtime, physical_cores
 from lmsp_tray.http.app import create_app
+from lmsp_tray.http.connections import ConnectionLimits, descriptor_budget, guarded_protocol
 from lmsp_tray.http.console_routes import CONSOLE_PATH, ConsoleParts
 from lmsp_tray.http.security import MAX_HEADER_BYTES
 from lmsp_tray.hub.fit import Machine
@@ -348,14 +349,23 @@ class Daemon:
 
     # -- serving --------------------------------------------------------------------------------
     def _uvicorn_config(self, sock: socket.socket) -> uvicorn.Config:
+        limits = ConnectionLimits(
+            head_timeout=self.config.request_head_timeout,
+            body_timeout=self.config.request_body_timeout,
+            idle_timeout=self.config.idle_timeout,
+            max_connections=descriptor_budget(self.config.max_connections),
+        )
         return uvicorn.Config(
             self.app,
             log_config=None,
             access_log=False,
             lifespan="off",
             ws="none",
-            http="h11",  # h11 bounds an unfinished request head (httptools does not); security checks the rest
+            # h11 bounds an unfinished request head (httptools does not); the guarded protocol adds deadlines,
+            # a connection cap and the smuggling check (http/connections.py); security checks the rest
+            http=guarded_protocol(limits),
             h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+            timeout_keep_alive=max(1, round(limits.idle_timeout)),
             timeout_graceful_shutdown=5,
             server_header=False,
             date_header=True,

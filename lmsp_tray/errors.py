@@ -133,6 +133,10 @@ class MethodNotAllowed(LMSPError):
     code, status, title = "method_not_allowed", 405, "Method not allowed"
 
 
+class RequestTimeout(LMSPError):
+    code, status, title = "request_timeout", 408, "Request timeout"
+
+
 class Conflict(LMSPError):
     code, status, title = "conflict", 409, "Conflict"
 

@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from lmsp_tray.errors import InternalError, LMSPError, MethodNotAllowed, NotFound, quote
@@ -84,7 +84,14 @@ async def unexpected_error_handler(request: Request, exc: Exception) -> Response
     return _shape(request).response(InternalError("The service hit an unexpected error; it has been logged."))
 
 
+async def client_gone_handler(request: Request, exc: Exception) -> Response:
+    """The client went away (or its connection was closed for a late body): nobody reads an answer."""
+    log.info("client left during %s %s", request.method, quote(request.url.path))
+    return Response(status_code=400)
+
+
 EXCEPTION_HANDLERS = {
+    ClientDisconnect: client_gone_handler,
     LMSPError: lmsp_error_handler,
     HTTPException: http_exception_handler,
     Exception: unexpected_error_handler,
