@@ -188,6 +188,12 @@ class InsufficientMemory(LMSPError):
     code, status, title = "insufficient_memory", 507, "Insufficient memory"
 
 
+class InsufficientStorage(LMSPError):
+    """The disk holding the service's data is full: what was asked to be kept was not."""
+
+    code, status, title = "insufficient_storage", 507, "Insufficient storage"
+
+
 def _classes() -> dict[str, type[LMSPError]]:
     found: dict[str, type[LMSPError]] = {}
     todo: list[type[LMSPError]] = [LMSPError]

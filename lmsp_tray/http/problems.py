@@ -10,6 +10,7 @@ to these answers as to every other.
 
 from __future__ import annotations
 
+import errno
 import logging
 from typing import Any
 
@@ -17,7 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from lmsp_tray.errors import InternalError, LMSPError, MethodNotAllowed, NotFound, quote
+from lmsp_tray.errors import InsufficientStorage, InternalError, LMSPError, MethodNotAllowed, NotFound, quote
 from lmsp_tray.http import wire_json
 from lmsp_tray.http.api import ErrorShape, api_for
 
@@ -79,6 +80,15 @@ async def http_exception_handler(request: Request, exc: Exception) -> Response:
     return _shape(request).response(error)
 
 
+async def os_error_handler(request: Request, exc: Exception) -> Response:
+    """A full disk, wherever it was met (the store's own `StorageFull` is one too): 507, not 500."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        log.error("disk full on %s %s: %s", request.method, quote(request.url.path), exc)
+        full = InsufficientStorage("The disk is full, so this change was not saved. Free some disk space and retry.")
+        return _shape(request).response(full)
+    return await unexpected_error_handler(request, exc)
+
+
 async def unexpected_error_handler(request: Request, exc: Exception) -> Response:
     log.error("unexpected error on %s %s", request.method, quote(request.url.path), exc_info=exc)
     return _shape(request).response(InternalError("The service hit an unexpected error; it has been logged."))
@@ -92,6 +102,7 @@ async def client_gone_handler(request: Request, exc: Exception) -> Response:
 
 EXCEPTION_HANDLERS = {
     ClientDisconnect: client_gone_handler,
+    OSError: os_error_handler,
     LMSPError: lmsp_error_handler,
     HTTPException: http_exception_handler,
     Exception: unexpected_error_handler,

@@ -19,6 +19,7 @@ from lmsp_tray.errors import (
     EventHistoryExpired,
     IdempotencyKeyInProgress,
     IdempotencyKeyReused,
+    InsufficientStorage,
     InternalError,
     InvalidRequest,
     LMSPError,
@@ -34,6 +35,7 @@ from lmsp_tray.store.errors import (
     KeyInProgress,
     KeyReused,
     ResponseMissing,
+    StorageFull,
     StoreClosed,
     StoreError,
     TaskMissing,
@@ -95,8 +97,18 @@ def lmsp_error(exc: StoreError) -> LMSPError:
         )
     if isinstance(exc, StoreClosed):
         return InternalError("The service's database is closed: the service is stopping.")
+    if isinstance(exc, StorageFull):
+        return disk_full()
     log.error("store failure: %s", exc, exc_info=exc)
     return InternalError("The service could not read or write its database; it has been logged.")
+
+
+def disk_full() -> InsufficientStorage:
+    """The 507 for a write the full disk refused: nothing of it was kept."""
+    return InsufficientStorage(
+        "The disk holding the service's data is full, so nothing of this request was stored. Free some disk "
+        "space and retry."
+    )
 
 
 async def read(db: Database, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

@@ -29,6 +29,7 @@ batch, not per event; `benchmarks/store_events.py` prints both modes.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import queue
 import sqlite3
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any, Self, TypeVar
 
 from lmsp_tray.private import private_file, tighten
-from lmsp_tray.store.errors import NotOurDatabase, StoreClosed, StoreError
+from lmsp_tray.store.errors import NotOurDatabase, StorageFull, StoreClosed, StoreError
 from lmsp_tray.store.migrations import MIGRATIONS, migrate
 
 log = logging.getLogger(__name__)
@@ -226,7 +227,7 @@ class Database:
                 self._rollback()
                 for w in group:
                     if not w.future.done():
-                        w.future.set_exception(exc)
+                        w.future.set_exception(self._as_store_error(exc))
 
     def _run_group(self, group: list[_Write]) -> None:
         if len(group) == 1:
@@ -247,7 +248,7 @@ class Database:
                 w.future.set_result(value)
             else:
                 self.stats.failed += 1
-                w.future.set_exception(value)
+                w.future.set_exception(self._as_store_error(value))
 
     def _try_group(self, group: list[_Write]) -> list[tuple[_Write, bool, Any]]:
         conn = self._conn
@@ -289,12 +290,21 @@ class Database:
         except Exception as exc:  # noqa: BLE001 - handed to the caller through its future
             self._rollback()
             self.stats.failed += 1
-            w.future.set_exception(exc)
+            w.future.set_exception(self._as_store_error(exc))
             return
         self.stats.transactions += 1
         self.stats.writes += 1
         self.stats.largest_group = max(self.stats.largest_group, 1)
         w.future.set_result(value)
+
+    def _as_store_error(self, exc: BaseException) -> BaseException:
+        """SQLite's "database or disk is full" (or the OS's ENOSPC/EDQUOT) as `StorageFull`."""
+        if isinstance(exc, StorageFull) or not _disk_full(exc):
+            return exc
+        log.error("store writer: the disk holding %s is full; the write was not kept", self.path)
+        full = StorageFull(self.path)
+        full.__cause__ = exc
+        return full
 
     def _rollback(self) -> None:
         if self._conn.in_transaction:
@@ -370,6 +380,13 @@ class Database:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _disk_full(exc: BaseException) -> bool:
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        return code == sqlite3.SQLITE_FULL or "database or disk is full" in str(exc)
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def _has_foreign_tables(conn: sqlite3.Connection) -> bool:
