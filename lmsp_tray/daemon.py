@@ -83,8 +83,9 @@ from lmsp_tray.serving.responder import Responder
 from lmsp_tray.serving.service import Capabilities, Service
 from lmsp_tray.serving.settings import LoginItem, Settings
 from lmsp_tray.serving.tasks import TaskManager
-from lmsp_tray.store import Database, Housekeeper, LastUsedBatcher
+from lmsp_tray.store import Housekeeper, LastUsedBatcher
 from lmsp_tray.store.idempotency_keys import IDEMPOTENCY_TTL_S
+from lmsp_tray.store.salvage import open_store
 
 log = logging.getLogger("lmsp_tray.daemon")
 
@@ -208,7 +209,9 @@ class Daemon:
         )
         self.store_settings = settings = StoreSettings.from_config(config)
         try:
-            self.db = Database(paths.database)
+            # A damaged database is moved aside (never deleted) and a new one opened: `store_set_aside`
+            # says so, for the start-up to tell the person; a newer schema still refuses (SchemaTooNew).
+            self.db, self.store_set_aside = open_store(paths.database)
         except BaseException:
             self.lock.release()
             raise

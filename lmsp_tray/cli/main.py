@@ -268,6 +268,10 @@ def cmd_serve(
         login_item=Autostart.for_platform(),
         reveal=open_folder if display_available() else None,
     )
+    if daemon.store_set_aside is not None:  # a damaged database was moved aside: the person must know
+        reporter.notice(
+            f"lmsp-tray: {daemon.store_set_aside.message()}", summary="lmsp-tray started with a new database"
+        )
     try:
         sock = daemon.bind()
     except OSError as exc:
