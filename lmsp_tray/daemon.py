@@ -249,6 +249,7 @@ class Daemon:
             self.conversations,
             self.idempotency,
             max_running=config.parallel or MAX_DEFAULT_PARALLEL,
+            max_queued_per_owner=config.max_queued_tasks,
         )
         self.downloads = DownloadTasks(self._puller(catalog), self.db, model_for=self._downloaded_model)
         self._queued_downloads = self.downloads.recover()  # a download the last run left resumes
