@@ -91,25 +91,28 @@ def run(url: str, headers: dict[str, str], args: argparse.Namespace, abuse: bool
     enum_codes: dict[str, int] = {}
     answered: list[cf.Future] = []
     with cf.ThreadPoolExecutor(args.streams + 3) as pool, cf.ThreadPoolExecutor(8) as senders:
-        if abuse:
+        kinds = {args.only} if args.only else {"slow", "bodies", "enum"}
+        slow = enums = None
+        if abuse and "slow" in kinds:
             slow = pool.submit(slow_connections, url, args.slow, quit_abuse, opened)
             while opened[0] < args.slow and not slow.done():
                 time.sleep(0.1)  # all held open before the decode starts
+        if abuse and "enum" in kinds:
             enums = pool.submit(enum_requests, url, headers, quit_abuse, enum_codes)
         streams = [pool.submit(stream_gaps, url, headers, i, args.tokens, start) for i in range(args.streams)]
         start.wait()
         probes = pool.submit(probe, url, stop)
         k = 0
-        while abuse and not all(f.done() for f in streams):
+        while abuse and "bodies" in kinds and not all(f.done() for f in streams):
             answered.append(senders.submit(send, url, headers, args.bodies[k % len(args.bodies)]))
             k += 1
             cf.wait(streams, timeout=args.every)
         gaps = [g for f in streams for g in f.result()]
         stop.set()
         quit_abuse.set()
-        if abuse:
-            slow.result()
-            enums.result()
+        for f in (slow, enums):
+            if f is not None:
+                f.result()
     bodies: dict[str, int] = {}
     for status, code, _ in (f.result() for f in answered):
         bodies[f"{status} {code}"] = bodies.get(f"{status} {code}", 0) + 1
@@ -125,6 +128,7 @@ def main() -> None:
     ap.add_argument("--every", type=float, default=0.5, help="seconds between two 8 MiB bodies (default 0.5)")
     ap.add_argument("--threads", type=int, default=physical_cores())
     ap.add_argument("--quick", action="store_true", help="one round of 64 tokens (a shared machine)")
+    ap.add_argument("--only", choices=("slow", "bodies", "enum"), help="one kind of abuse alone (to tell them apart)")
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.tokens = 1, 64

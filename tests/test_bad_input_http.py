@@ -254,3 +254,32 @@ def test_no_task_existence_oracle(client: httpx.Client) -> None:
     assert answers[0][0][0] == 404
     # The owner can still page after it.
     assert client.get("/tasks", params={"after": mine}).status_code == 200
+
+
+def test_a_long_input_is_validated_in_batches_with_the_right_index() -> None:
+    """Past `INPUT_BATCH` items, `input` is validated a batch at a time (the GIL handed back between
+    batches); a refusal still names the item by its index in the whole list."""
+    from lmsp_tray.errors import LMSPError
+    from lmsp_tray.protocol.requests import INPUT_BATCH, parse_response_create
+
+    items: list[Any] = [{"role": "user", "content": f"m{i}"} for i in range(3 * INPUT_BATCH + 7)]
+    assert len(parse_response_create({"model": TINY_ID, "input": items}).items) == len(items)
+    for index, bad, param, code in [
+        (
+            2 * INPUT_BATCH + 3,
+            {"role": "user", "content": [{"type": "input_text", "text": 5}]},
+            "content[0].text",
+            "invalid_request",
+        ),
+        (INPUT_BATCH, {"role": "robot", "content": "x"}, "role", "invalid_request"),
+        (
+            INPUT_BATCH + 1,
+            {"role": "user", "content": [{"type": "input_image"}]},
+            "content[0]",
+            "unsupported_capability",
+        ),
+    ]:
+        body = {"model": TINY_ID, "input": [*items[:index], bad, *items[index + 1 :]]}
+        with pytest.raises(LMSPError) as info:
+            parse_response_create(body)
+        assert (info.value.code, info.value.param) == (code, f"input[{index}].{param}")
