@@ -283,3 +283,21 @@ def test_a_long_input_is_validated_in_batches_with_the_right_index() -> None:
         with pytest.raises(LMSPError) as info:
             parse_response_create(body)
         assert (info.value.code, info.value.param) == (code, f"input[{index}].{param}")
+
+
+def test_bytes_that_are_not_utf8_in_the_database_break_no_read(daemon: LiveDaemon, client: httpx.Client) -> None:
+    """Whatever wrote them (another tool, an older version), such bytes read as U+FFFD, not a 500."""
+    rid = client.post("/responses", json=body(max_output_tokens=1, store=True)).json()["id"]
+    tid = client.post("/tasks", json=body(max_output_tokens=1)).json()["id"]
+    daemon.daemon.db.write_sync(
+        lambda c: c.execute("UPDATE responses SET model = CAST(X'6dff6d' AS TEXT) WHERE id = ?", (rid,))
+    )
+    daemon.daemon.db.write_sync(
+        lambda c: c.execute(
+            "UPDATE tasks SET status = status, owner = owner || CAST(X'ff' AS TEXT) WHERE id = ?", (tid,)
+        )
+    )
+    r = client.get(f"/responses/{rid}")
+    assert r.status_code == 200
+    assert client.get("/tasks").status_code == 200
+    assert client.get(f"/responses/{rid}/input_items").status_code == 200

@@ -136,6 +136,7 @@ class Database:
         )
         try:
             conn.row_factory = sqlite3.Row
+            conn.text_factory = _text
             try:
                 app_id = conn.execute("PRAGMA application_id").fetchone()[0]
             except sqlite3.DatabaseError as exc:
@@ -173,6 +174,7 @@ class Database:
             uri, uri=True, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout_s
         )
         conn.row_factory = sqlite3.Row
+        conn.text_factory = _text
         conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
         conn.execute("PRAGMA query_only = ON")
         with self._readers_lock:
@@ -380,6 +382,12 @@ class Database:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _text(data: bytes) -> str:
+    """A TEXT value as str: bytes that are not UTF-8 (written by something else, or by an older
+    version) read as U+FFFD instead of failing the whole read, so one bad value never breaks a listing."""
+    return data.decode("utf-8", errors="replace")
 
 
 def _disk_full(exc: BaseException) -> bool:
