@@ -301,3 +301,25 @@ def test_bytes_that_are_not_utf8_in_the_database_break_no_read(daemon: LiveDaemo
     assert r.status_code == 200
     assert client.get("/tasks").status_code == 200
     assert client.get(f"/responses/{rid}/input_items").status_code == 200
+
+
+def test_no_stored_response_existence_oracle(client: httpx.Client) -> None:
+    """Another token's stored response answers exactly as an unknown id, however it is reached."""
+    mine = client.post("/responses", json=body(max_output_tokens=1, store=True)).json()["id"]
+    r = client.post("/auth/tokens", json={"name": "other", "scopes": ["responses:create", "responses:read"]})
+    other = {"Authorization": f"Bearer {r.json()['secret']}"}
+    unknown = "resp_01J8M6Q4W2T7N5R3V9X1Z8B0DF"
+    answers = []
+    for rid in (mine, unknown):
+        got = [
+            client.get(f"/responses/{rid}", headers=other),
+            client.get(f"/responses/{rid}/input_items", headers=other),
+            client.delete(f"/responses/{rid}", headers=other),
+            client.post("/responses", json=body(max_output_tokens=1, previous_response_id=rid), headers=other),
+            client.post("/tasks", json=body(max_output_tokens=1, previous_response_id=rid), headers=other),
+        ]
+        answers.append(
+            [(g.status_code, g.json().get("code"), g.json().get("detail", "").replace(rid, "ID")) for g in got]
+        )
+    assert answers[0] == answers[1], answers
+    assert client.get(f"/responses/{mine}").status_code == 200  # and it is still there for its owner
