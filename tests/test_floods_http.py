@@ -4,10 +4,13 @@ dismissed in one action."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 from support import SLOW_ID, LiveDaemon
 
 SLOW_TASK = {"model": SLOW_ID, "input": "x", "max_output_tokens": 2000}
@@ -99,3 +102,36 @@ def test_the_tray_offers_to_deny_them_all(daemon: LiveDaemon) -> None:
         ask(daemon, f"Flood {i}")
     tray_hooks(daemon.daemon).deny_all_pairings()  # what the item does (backend.deny_pairing("*"))
     assert daemon.daemon.auth.pairings.pending_pairings() == []
+
+
+def test_large_bodies_are_decoded_one_at_a_time(
+    daemon: LiveDaemon, client: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Their decoding holds the GIL: side by side they would finish no sooner, only hold the loop longer."""
+    from lmsp_tray.http import routes
+
+    active, most = [0], [0]
+    lock = threading.Lock()
+    real = routes.decode_json
+
+    def decode(raw: bytes) -> object:
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        try:
+            time.sleep(0.05)
+            return real(raw)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(routes, "decode_json", decode)
+    big = {"model": "nope", "input": "x" * (routes.SERIAL_BODY_BYTES + 10)}
+    small = {"model": "nope", "input": "x" * (routes.INLINE_BODY_BYTES + 10)}
+    with ThreadPoolExecutor(6) as pool:
+        codes = list(pool.map(lambda b: client.post("/responses", json=b).status_code, [big] * 6))
+    assert codes == [404] * 6 and most[0] == 1
+    most[0] = 0
+    with ThreadPoolExecutor(6) as pool:  # below the threshold they need not wait for each other
+        list(pool.map(lambda b: client.post("/responses", json=b).status_code, [small] * 6))
+    assert most[0] >= 1
