@@ -131,6 +131,16 @@ def test_idle_and_trickling_clients_are_closed(daemon_factory: Callable[..., Liv
             time.sleep(0.5)
         assert statuses(read_all(chunks)) == [408]
 
+    # The neighbour: a body that trickles but ends within the deadline is served.
+    with connect(live) as steady:
+        pairing = b'{"app_name":"steady","scopes":["models:read"]}'
+        steady.sendall(f"POST /lmsp/v1/auth/pairings HTTP/1.1\r\n{HEAD}Content-Length: {len(pairing)}\r\n\r\n".encode())
+        for i in range(0, len(pairing), 12):
+            steady.sendall(pairing[i : i + 12])
+            time.sleep(0.3)  # 1.2 s in all, under the 2 s deadline (and each pause under the head's)
+        steady.shutdown(socket.SHUT_WR)
+        assert statuses(read_all(steady)) == [202]
+
     # A kept-alive connection: reused within the idle timeout, closed after it.
     with connect(live) as kept:
         kept.sendall(b"GET /lmsp/v1/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
