@@ -138,7 +138,9 @@ function describeModel() {
   const model = models.find((m) => m.id === el.model.value);
   if (!model) return (el.modelState.textContent = "");
   const detail = { loaded: "loaded", loading: "loading…", unloading: "unloading…", available: "loads on the first message" };
-  el.modelState.textContent = `${detail[model.state] || model.state} · ${bytes(model.size_bytes)}`;
+  const ext = (model.extensions && model.extensions.lmsp_tray) || {};
+  const share = model.state === "loading" && ext.load_progress != null ? ` ${Math.round(ext.load_progress * 100)}%` : "";
+  el.modelState.textContent = `${detail[model.state] || model.state}${share} · ${bytes(model.size_bytes)}`;
 }
 
 function onModelChange() {

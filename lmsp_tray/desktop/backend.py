@@ -349,6 +349,11 @@ class DaemonTrayBackend:
         else:
             self.hooks.deny_pairing(pairing_id)
 
+    def cancel_download(self, task_id: str) -> None:
+        downloads = getattr(self.daemon, "downloads", None)
+        if downloads is None or not downloads.cancel_soon(task_id):
+            raise RuntimeError("that download has already ended")
+
     def quit(self) -> None:
         """The user chose Quit: end open streams with a terminal event, stop serving, unload."""
         log.info("Quit chosen in the tray, shutting down")

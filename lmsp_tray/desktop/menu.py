@@ -58,6 +58,7 @@ class Action(str, enum.Enum):
     SET_AUTOSTART = "set_autostart"  # arg: "on" | "off" (the value to set, not a toggle)
     APPROVE_PAIRING = "approve_pairing"  # arg: pairing id
     DENY_PAIRING = "deny_pairing"  # arg: pairing id, or ALL_PAIRINGS
+    CANCEL_DOWNLOAD = "cancel_download"  # arg: the download's task id
     VIEW_LOGS = "view_logs"
     SHOW_STATUS = "show_status"  # a notification with the state (icons without a menu)
     QUIT = "quit"
@@ -421,14 +422,19 @@ def download_label(download: DownloadView) -> str:
 
 
 def downloads_section(state: TrayState) -> list[MenuItemSpec]:
-    """One line per download in progress (follow or cancel it through the API's task)."""
+    """One line per download in progress, each with its Cancel (the part fetched stays in the cache)."""
     if not state.downloads:
         return []
     count = len(state.downloads)
     return [
         SEPARATOR,
         MenuItemSpec(f"Downloading ({count})" if count > 1 else "Downloading", enabled=False),
-        *(MenuItemSpec(download_label(d), enabled=False) for d in state.downloads),
+        *(
+            MenuItemSpec(
+                download_label(d), submenu=(MenuItemSpec("Cancel download", Action.CANCEL_DOWNLOAD, d.task_id),)
+            )
+            for d in state.downloads
+        ),
     ]
 
 

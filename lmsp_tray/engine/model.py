@@ -56,6 +56,7 @@ class LlamaModel:
         plan: LoadPlan | None = None,
         *,
         on_step: Callable[[], None] | None = None,
+        on_load_progress: Callable[[float], None] | None = None,
     ) -> None:
         """Load `entry`; `on_step` runs after every decode step and every job the grammar builder
         hands on (a model process flushes its frames there)."""
@@ -72,6 +73,7 @@ class LlamaModel:
         self._prompt_tokenizer: PromptTokenizer | None = None  # built for the first long prompt
         self._prompt_tokenizer_lock = threading.Lock()
         self._prompt_tokenizer_thread: threading.Thread | None = None
+        self._on_load_progress = on_load_progress
         started = time.monotonic()
         mark = runtime.mark()
         free = sum(d.free_bytes for d in runtime.devices) if runtime.has_gpu else None
@@ -104,6 +106,18 @@ class LlamaModel:
         gpu_layers, total_layers = plan.gpu_layers, plan.total_layers
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = gpu_layers
+        report = self._on_load_progress
+        if report is not None:  # llama.cpp calls it while it reads the weights; True: go on loading
+
+            def progress(share: float, _user: Any) -> bool:
+                try:
+                    report(float(share))
+                except Exception:  # a failing report must not fail the load
+                    log.debug("load progress report failed", exc_info=True)
+                return True
+
+            callback = llama_cpp.llama_progress_callback(progress)
+            mparams.progress_callback = callback
         model = llama_cpp.llama_model_load_from_file(os.fsencode(entry.path), mparams)
         if not model:
             raise ModelLoadFailed(self._explain(runtime, mark, f"llama.cpp could not load {entry.path.name}"))

@@ -90,6 +90,7 @@ class ModelProcess:
         plan: LoadPlan,
         *,
         on_exit: ExitListener | None = None,
+        on_progress: Callable[[float], None] | None = None,
         command: Sequence[str] | None = None,
     ) -> None:
         self.id = entry.id
@@ -98,6 +99,7 @@ class ModelProcess:
         self.plan = plan
         self.scheduler = RemoteScheduler(self)
         self._on_exit = on_exit
+        self._on_progress = on_progress
         self._lock = threading.Lock()
         self._jobs: dict[int, GenerationJob] = {}
         self._calls: dict[int, concurrent.futures.Future[tuple[int, bytes]]] = {}
@@ -304,6 +306,12 @@ class ModelProcess:
                 future = self._calls.pop(ident, None)
             if future is not None:
                 future.set_result((kind, payload))
+        elif kind == wire.LOADING:
+            if self._on_progress is not None:
+                try:
+                    self._on_progress(wire.LOAD_PROGRESS.unpack(payload)[0])
+                except Exception:  # a failing listener must not stop the reader
+                    log.exception("%s: load progress listener failed", self.id)
         elif kind == wire.READY:
             self._ready.set_result(wire.unpack_json(payload))
         elif kind == wire.FAILED:

@@ -47,6 +47,8 @@ FINISH = 105  # JSON: job `id` ended
 REPLY = 106  # JSON answer to CALL `id`
 TOKENS = 107  # int32 tokens answering TOKENIZE `id`
 ERROR = 108  # JSON problem answering TOKENIZE/CALL `id`
+LOADING = 111  # f32: the share of the model read so far (before READY)
+LOAD_PROGRESS = struct.Struct("<f")
 
 _INT32 = "i"
 assert array.array(_INT32).itemsize == 4

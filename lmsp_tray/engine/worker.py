@@ -109,7 +109,17 @@ class Worker:
         entry = _entry(spec["entry"])
         options = LoadOptions(**spec["options"])
         plan = LoadPlan(**spec["plan"])
-        self.model = model = LlamaModel(self._runtime, entry, options, plan, on_step=self._writer.flush)
+        sent = [-1]
+
+        def loading(share: float) -> None:  # whole percents only: a few dozen frames at most
+            percent = int(share * 100)
+            if percent > sent[0]:
+                sent[0] = percent
+                self._writer.send(wire.frame(wire.LOADING, 0, wire.LOAD_PROGRESS.pack(share)))
+
+        self.model = model = LlamaModel(
+            self._runtime, entry, options, plan, on_step=self._writer.flush, on_load_progress=loading
+        )
         template = model.template
         return {
             "context_length": model.context_length,

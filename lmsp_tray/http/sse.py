@@ -40,7 +40,9 @@ class EventStream:
         on_disconnect: Callable[[], None] | None = None,
         headers: dict[str, str] | None = None,
         keepalive: float = KEEPALIVE_SECONDS,
+        encode: Callable[[Event], bytes] = encode_event,
     ) -> None:
+        self._encode = encode  # how an event is written (`/v1` writes OpenAI's, without `id:` lines)
         self._events = events
         self._on_disconnect = on_disconnect
         self._headers = headers or {}
@@ -76,7 +78,7 @@ class EventStream:
                 finally:
                     pending = None
                 last_id = event.id
-                await send({"type": "http.response.body", "body": encode_event(event), "more_body": True})
+                await send({"type": "http.response.body", "body": self._encode(event), "more_body": True})
                 if event.terminal:
                     break
         except _ClientGone:
@@ -94,7 +96,7 @@ class EventStream:
                 await send(
                     {
                         "type": "http.response.body",
-                        "body": encode_event(error_event(last_id + 1, problem)),
+                        "body": self._encode(error_event(last_id + 1, problem)),
                         "more_body": True,
                     }
                 )

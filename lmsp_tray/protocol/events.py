@@ -88,8 +88,15 @@ class ResponseAssembler:
     """
 
     def __init__(
-        self, model: str, *, response_id: str | None = None, created_at: int | None = None, first_event_id: int = 1
+        self,
+        model: str,
+        *,
+        response_id: str | None = None,
+        created_at: int | None = None,
+        first_event_id: int = 1,
+        fields: dict[str, Any] | None = None,
     ) -> None:
+        self.fields = dict(fields or {})  # more fields the response object carries (the request echoed on /v1)
         self.response_id = response_id or new_id("resp")
         self.model = model
         self.created_at = int(time.time()) if created_at is None else created_at
@@ -142,7 +149,7 @@ class ResponseAssembler:
 
     # -- the response object ------------------------------------------------------------------
     def response(self) -> dict[str, Any]:
-        return {
+        base = {
             "id": self.response_id,
             "object": "response",
             "created_at": self.created_at,
@@ -153,6 +160,9 @@ class ResponseAssembler:
             "error": self.error,
             "incomplete_details": self.incomplete_details,
         }
+        if self.fields:
+            base.update({k: copy.deepcopy(v) for k, v in self.fields.items() if k not in base})
+        return base
 
     @property
     def finished(self) -> bool:

@@ -314,6 +314,7 @@ class ResponseRequest:
     raw: dict[str, Any] = field(default_factory=dict)  # the body as received (for storage/idempotency)
     input_items: list[dict[str, Any]] = field(default_factory=list)  # `input` as sent, as items (when `store`)
     size: int = 0  # characters of text, arguments, outputs and schemas (see the module docstring)
+    response_fields: dict[str, Any] = field(default_factory=dict)  # more fields its response object echoes (/v1)
 
     @property
     def large(self) -> bool:

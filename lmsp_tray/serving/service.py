@@ -248,6 +248,9 @@ class Service:
         ext: dict[str, Any] = {"path": str(entry.path), "file_name": entry.path.name}
         if entry.error:
             ext["file_error"] = entry.error  # the file itself cannot be used (not a failed load)
+        progress = self.models.load_progress(entry.id)
+        if progress is not None:  # loading: how much of the weights has been read
+            ext["load_progress"] = round(progress, 3)
         if loaded is not None:
             p = loaded.placement
             ext.update(
@@ -324,7 +327,7 @@ class Service:
         if self._closing:  # shutdown began while this request was being prepared
             job.cancel()
             raise ServiceUnavailable("The service is shutting down; send the request again once it is back.")
-        assembler = ResponseAssembler(entry.id, response_id=response_id)
+        assembler = ResponseAssembler(entry.id, response_id=response_id, fields=request.response_fields)
         run = ResponseRun(assembler, job, queue, on_done=self._run_done, parser=plan.parser())
         self._runs.add(run)
         return run
