@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import resource
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -39,6 +38,11 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from lmsp_tray.errors import InvalidRequest, LMSPError, RequestTimeout, ServiceUnavailable
 from lmsp_tray.http import wire_json
+
+try:
+    import resource
+except ImportError:  # Windows: no descriptor limit to raise (sockets are handles there)
+    resource = None  # type: ignore[assignment]
 
 log = logging.getLogger("lmsp_tray.http.connections")
 
@@ -59,6 +63,8 @@ def descriptor_budget(wanted: int) -> int:
 
     Raises the soft RLIMIT_NOFILE toward the hard limit first (up to `FD_SOFT_TARGET`), then keeps
     `DESCRIPTOR_RESERVE` descriptors for everything that is not a connection."""
+    if resource is None:
+        return wanted
     try:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         target = FD_SOFT_TARGET if hard == resource.RLIM_INFINITY else min(hard, FD_SOFT_TARGET)
