@@ -234,6 +234,7 @@ def test_at_the_cap_with_every_connection_busy_a_new_one_gets_503(daemon_factory
             t.join(60)
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX descriptor limits")
 def test_the_descriptor_limit_is_raised_and_the_cap_kept_below_it() -> None:
     code = (
         "import resource; from lmsp_tray.http.connections import descriptor_budget as b; "
