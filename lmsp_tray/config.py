@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmsp_tray.private import private_dir, tighten
+
 APP_NAME = "lmsp-tray"
 DEFAULT_PORT = 7373
 # What `keyless_scopes` may grant to requests without a valid token: using models, never managing
@@ -59,9 +61,14 @@ class Paths:
         return self.cache_dir / "logs"
 
     def ensure(self) -> Paths:
-        for folder in (self.config_dir, self.data_dir, self.cache_dir, self.models_dir):
-            folder.mkdir(parents=True, exist_ok=True)
-        self.runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        """Make the folders, private to the user (0700; the database and logs 0600), tightening an
+        existing install made under a looser umask (`lmsp_tray.private`)."""
+        for folder in (self.config_dir, self.data_dir, self.cache_dir, self.log_dir, self.runtime_dir):
+            private_dir(folder)
+        self.models_dir.mkdir(parents=True, exist_ok=True)
+        database = [self.database.with_name(self.database.name + suffix) for suffix in ("", "-wal", "-shm")]
+        logs = list(self.log_dir.iterdir()) if self.log_dir.is_dir() else []
+        tighten([*database, *logs, self.config_file])
         return self
 
 
@@ -124,6 +131,11 @@ class Config:
     max_loaded_models: int = 3
     memory_budget_fraction: float = 0.75  # of RAM (and VRAM) that loaded models may use
     max_request_bytes: int = 8 * 1024 * 1024
+    request_head_timeout: float = 10.0  # a request line and headers must arrive within this
+    request_body_timeout: float = 60.0  # a request body must arrive within this
+    idle_timeout: float = 15.0  # a kept-alive connection with no request is closed after this
+    max_connections: int = 4096  # open connections (kept below the descriptor limit)
+    max_queued_tasks: int = 64  # a token's queued tasks before POST /tasks answers 429
     max_grammar_bytes: int = 512 * 1024  # GBNF a request's schemas and tools may compile to (else 400)
     event_retention: float = 86400.0  # a finished task's events (then 410 event_history_expired)
     stored_response_ttl: float | None = None  # stored responses (`store: true`); None: until deleted
@@ -144,6 +156,7 @@ class Config:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+_FINITE_DURATIONS = ("request_head_timeout", "request_body_timeout", "idle_timeout")
 
 
 def load_config(paths: Paths) -> Config:
@@ -200,12 +213,15 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         "housekeeping_interval",
         "keyring_retry",
         "sse_keepalive",
+        *_FINITE_DURATIONS,
     }:
         seconds = parse_duration(value, name=where)
         if name in {"event_retention", "housekeeping_interval", "sse_keepalive"} and seconds is None:
             raise ConfigError(f"{where}: must be a finite duration")
         if name == "sse_keepalive" and seconds is not None and seconds <= 0:
             raise ConfigError(f"{where}: must be a duration above zero")
+        if name in _FINITE_DURATIONS and not seconds:
+            raise ConfigError(f"{where}: must be a positive, finite duration")
         return seconds
     if name == "models_dirs":
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):

@@ -602,6 +602,13 @@ def build_openapi(example_model: str | None = None) -> dict[str, Any]:
                 security=[{"pollToken": []}],
             )
         },
+        "/lmsp/v1/auth/pairings/dismiss": {
+            "post": _op(
+                "Deny every pending pairing request at once (a flood of them dismissed in one action).",
+                "tokens:manage",
+                {"200": _json("The requests denied.", _ref("PairingList"))},
+            )
+        },
         "/lmsp/v1/auth/pairings/{ref}/approve": {
             "post": _op(
                 "Approve a pairing request (by id or user code).",

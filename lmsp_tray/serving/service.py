@@ -49,6 +49,7 @@ from lmsp_tray.errors import (
     ModelNotFound,
     ServiceUnavailable,
     UnsupportedCapability,
+    quote,
 )
 from lmsp_tray.protocol.events import Event, ResponseAssembler
 from lmsp_tray.protocol.requests import RawPrompt, ResponseRequest
@@ -235,7 +236,7 @@ class Service:
         entry = self.catalog.resolve(model_id)
         if entry is None:
             raise ModelNotFound(
-                f"No model '{model_id}' is available. GET /lmsp/v1/models lists the models this service found.",
+                f"No model {quote(model_id)} is available. GET /lmsp/v1/models lists the models this service found.",
                 param=param,
             )
         return entry

@@ -313,7 +313,7 @@ def _write_atomic(path: Path, text: str) -> None:
     try:
         mode = path.stat().st_mode & 0o777
     except FileNotFoundError:
-        mode = 0o644
+        mode = 0o600  # private to the user, like everything the service keeps
     fd, tmp = tempfile.mkstemp(prefix=".config-", suffix=".toml", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -42,7 +42,7 @@ def _conversations(request: Request) -> Conversations:
 
 
 async def _read(request: Request) -> tuple[ResponseRequest, ToolMap]:
-    return await off_loop(lambda raw: parse_openai_response_create(decode_json(raw)), await read_body(request))
+    return await off_loop(lambda raw: parse_openai_response_create(decode_json(raw)), await read_body(request), request)
 
 
 async def create_response(request: Request) -> Response | EventStream:
