@@ -19,9 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmsp_tray.private import private_dir, tighten
+
 APP_NAME = "lmsp-tray"
 DEFAULT_PORT = 7373
-DEFAULT_CONTEXT_CAP = 8192
+# What `keyless_scopes` may grant to requests without a valid token: using models, never managing
+# them, tokens, settings, or reading the activity log.
+KEYLESS_ALLOWED = ("models:read", "responses:create", "responses:read", "tasks:create", "tasks:read")
 HOME_ENV = "LMSP_TRAY_HOME"
 
 
@@ -62,9 +66,14 @@ class Paths:
         return self.cache_dir / "logs"
 
     def ensure(self) -> Paths:
-        for folder in (self.config_dir, self.data_dir, self.cache_dir, self.models_dir):
-            folder.mkdir(parents=True, exist_ok=True)
-        self.runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        """Make the folders, private to the user (0700; the database and logs 0600), tightening an
+        existing install made under a looser umask (`lmsp_tray.private`)."""
+        for folder in (self.config_dir, self.data_dir, self.cache_dir, self.log_dir, self.runtime_dir):
+            private_dir(folder)
+        self.models_dir.mkdir(parents=True, exist_ok=True)
+        database = [self.database.with_name(self.database.name + suffix) for suffix in ("", "-wal", "-shm")]
+        logs = list(self.log_dir.iterdir()) if self.log_dir.is_dir() else []
+        tighten([*database, *logs, self.config_file])
         return self
 
 
@@ -117,7 +126,7 @@ class Config:
     port: int = DEFAULT_PORT
     models_dirs: list[Path] = field(default_factory=list)
     default_dirs: bool = True
-    context_cap: int = DEFAULT_CONTEXT_CAP
+    context_cap: int | None = None  # None: each model's window is sized from memory (up to its trained length)
     keep_alive: float | None = 300.0
     gpu: str = "auto"  # "auto" | "off"
     gpu_layers: int | None = None  # None: all layers that fit
@@ -129,6 +138,11 @@ class Config:
     max_loaded_models: int = 3
     memory_budget_fraction: float = 0.75  # of RAM (and VRAM) that loaded models may use
     max_request_bytes: int = 8 * 1024 * 1024
+    request_head_timeout: float = 10.0  # a request line and headers must arrive within this
+    request_body_timeout: float = 60.0  # a request body must arrive within this
+    idle_timeout: float = 15.0  # a kept-alive connection with no request is closed after this
+    max_connections: int = 4096  # open connections (kept below the descriptor limit)
+    max_queued_tasks: int = 64  # a token's queued tasks before POST /tasks answers 429
     max_grammar_bytes: int = 512 * 1024  # GBNF a request's schemas and tools may compile to (else 400)
     event_retention: float = 86400.0  # a finished task's events (then 410 event_history_expired)
     stored_response_ttl: float | None = None  # stored responses (`store: true`); None: until deleted
@@ -137,6 +151,10 @@ class Config:
     allowed_origins: list[str] = field(default_factory=list)
     demo_model: bool = True  # assemble the embedded demo model when no other model exists
     keyring_retry: float | None = 30.0  # after a keyring failure, try it again this often; None: never
+    # Off by default: scopes granted to requests WITHOUT a valid token (apps that cannot send one),
+    # e.g. ["models:read", "responses:create"]; only those in KEYLESS_ALLOWED. Every local process gets them.
+    keyless_scopes: list[str] = field(default_factory=list)
+    sse_keepalive: float = 15.0  # a silent event stream gets a keep-alive comment this often
 
     def with_overrides(self, **overrides: Any) -> Config:
         """A copy with the non-None overrides applied (command-line options)."""
@@ -145,6 +163,7 @@ class Config:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+_FINITE_DURATIONS = ("request_head_timeout", "request_body_timeout", "idle_timeout")
 
 
 def load_config(paths: Paths) -> Config:
@@ -200,10 +219,16 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         "task_ttl",
         "housekeeping_interval",
         "keyring_retry",
+        "sse_keepalive",
+        *_FINITE_DURATIONS,
     }:
         seconds = parse_duration(value, name=where)
-        if name in {"event_retention", "housekeeping_interval"} and seconds is None:
+        if name in {"event_retention", "housekeeping_interval", "sse_keepalive"} and seconds is None:
             raise ConfigError(f"{where}: must be a finite duration")
+        if name == "sse_keepalive" and seconds is not None and seconds <= 0:
+            raise ConfigError(f"{where}: must be a duration above zero")
+        if name in _FINITE_DURATIONS and not seconds:
+            raise ConfigError(f"{where}: must be a positive, finite duration")
         return seconds
     if name == "models_dirs":
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -213,6 +238,15 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where}: expected a list of origins like 'http://localhost:3000'")
         return [v.rstrip("/") for v in value]
+    if name == "keyless_scopes":
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}: expected a list of scopes like ['models:read', 'responses:create']")
+        for scope in value:
+            if scope not in KEYLESS_ALLOWED:
+                raise ConfigError(
+                    f"{where}: {scope!r} cannot be granted without a token; choose from {', '.join(KEYLESS_ALLOWED)}"
+                )
+        return [s for s in KEYLESS_ALLOWED if s in value]
     if name == "gpu":
         if not isinstance(value, str) or value not in {"auto", "off"}:
             raise ConfigError(f"{where}: expected 'auto' or 'off'")
@@ -233,7 +267,9 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         if not isinstance(value, str) or value not in {"127.0.0.1", "::1", "localhost"}:
             raise ConfigError(f"{where}: the service only binds loopback (127.0.0.1 or ::1)")
         return value
-    if name in {"gpu_layers", "threads", "parallel"} and value is None:
+    if name in {"gpu_layers", "threads", "parallel", "context_cap"} and value is None:
+        return None
+    if name == "context_cap" and value == "auto":
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "gpu_layers" else 1):
         raise ConfigError(f"{where}: expected a positive whole number")

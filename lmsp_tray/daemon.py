@@ -59,6 +59,7 @@ from lmsp_tray.engine.load_plan import MAX_DEFAULT_PARALLEL, LoadOptions
 from lmsp_tray.engine.manager import DEFAULT, MemoryBudget, ModelManager, gpu_free
 from lmsp_tray.engine.runtime import Runtime, physical_cores
 from lmsp_tray.http.app import create_app
+from lmsp_tray.http.connections import ConnectionLimits, descriptor_budget, guarded_protocol
 from lmsp_tray.http.console_routes import CONSOLE_PATH, ConsoleParts
 from lmsp_tray.http.security import MAX_HEADER_BYTES
 from lmsp_tray.hub.fit import Machine
@@ -82,8 +83,9 @@ from lmsp_tray.serving.responder import Responder
 from lmsp_tray.serving.service import Capabilities, Service
 from lmsp_tray.serving.settings import LoginItem, Settings
 from lmsp_tray.serving.tasks import TaskManager
-from lmsp_tray.store import Database, Housekeeper, LastUsedBatcher
+from lmsp_tray.store import Housekeeper, LastUsedBatcher
 from lmsp_tray.store.idempotency_keys import IDEMPOTENCY_TTL_S
+from lmsp_tray.store.salvage import open_store
 
 log = logging.getLogger("lmsp_tray.daemon")
 
@@ -116,7 +118,7 @@ def load_options(config: Config, runtime: Runtime, paths: Paths | None = None) -
         gpu_layers=config.gpu_layers,
         max_queue=config.max_queue,
         speculative=config.speculative,
-        kv_budget_bytes=_kv_budget(config),
+        kv_budget_bytes=kv_budget(config),
     )
 
 
@@ -127,7 +129,7 @@ def _total_ram() -> int | None:
         return None
 
 
-def _kv_budget(config: Config) -> int | None:
+def kv_budget(config: Config) -> int | None:
     """A quarter of the memory budget may go to the KV caches of parallel sequences."""
     total = _total_ram()
     return None if total is None else int(total * config.memory_budget_fraction / 4)
@@ -212,7 +214,9 @@ class Daemon:
         )
         self.store_settings = settings = StoreSettings.from_config(config)
         try:
-            self.db = Database(paths.database)
+            # A damaged database is moved aside (never deleted) and a new one opened: `store_set_aside`
+            # says so, for the start-up to tell the person; a newer schema still refuses (SchemaTooNew).
+            self.db, self.store_set_aside = open_store(paths.database)
         except BaseException:
             self.lock.release()
             raise
@@ -250,6 +254,7 @@ class Daemon:
             self.conversations,
             self.idempotency,
             max_running=config.parallel or MAX_DEFAULT_PARALLEL,
+            max_queued_per_owner=config.max_queued_tasks,
         )
         self.downloads = DownloadTasks(self._puller(catalog), self.db, model_for=self._downloaded_model)
         self._queued_downloads = self.downloads.recover()  # a download the last run left resumes
@@ -353,14 +358,23 @@ class Daemon:
 
     # -- serving --------------------------------------------------------------------------------
     def _uvicorn_config(self, sock: socket.socket) -> uvicorn.Config:
+        limits = ConnectionLimits(
+            head_timeout=self.config.request_head_timeout,
+            body_timeout=self.config.request_body_timeout,
+            idle_timeout=self.config.idle_timeout,
+            max_connections=descriptor_budget(self.config.max_connections),
+        )
         return uvicorn.Config(
             self.app,
             log_config=None,
             access_log=False,
             lifespan="off",
             ws="none",
-            http="h11",  # h11 bounds an unfinished request head (httptools does not); security checks the rest
+            # h11 bounds an unfinished request head (httptools does not); the guarded protocol adds deadlines,
+            # a connection cap and the smuggling check (http/connections.py); security checks the rest
+            http=guarded_protocol(limits),
             h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+            timeout_keep_alive=max(1, round(limits.idle_timeout)),
             timeout_graceful_shutdown=5,
             server_header=False,
             date_header=True,

@@ -10,7 +10,30 @@ stream has started). Messages never contain secrets or stack traces.
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+MAX_DETAIL_CHARS = 1000  # a problem's detail is cut here: whatever a message quotes, an answer stays small
+MAX_PARAM_CHARS = 200
+MAX_QUOTE_CHARS = 80
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def quote(value: object, limit: int = MAX_QUOTE_CHARS) -> str:
+    """`value` quoted for a message: repr-style, cut to a short prefix with its full length said.
+
+    Errors name what the client sent (a model id, a path); a client can send a megabyte of it, so
+    messages quote at most `limit` characters of it, never the whole."""
+    text = str(value)
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}… ({len(text)} characters)"
+
+
+def _bounded(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, with any lone surrogate (unencodable) replaced by U+FFFD."""
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
+    return _SURROGATE.sub("\ufffd", text)
 
 
 class LMSPError(Exception):
@@ -28,20 +51,23 @@ class LMSPError(Exception):
         headers: dict[str, str] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> None:
+        detail = _bounded(detail, MAX_DETAIL_CHARS)
         super().__init__(detail)
         self.detail = detail
-        self.param = param
+        self.param = None if param is None else _bounded(param, MAX_PARAM_CHARS)
         self.headers = dict(headers or {})
         self.extra = dict(extra or {})
 
     def to_problem(self) -> dict[str, Any]:
-        """The RFC 9457 problem document for this error."""
+        """The RFC 9457 problem document for this error (`message` repeats `detail` for the SDKs that read it)."""
         doc: dict[str, Any] = {
             "type": f"urn:lmsp:error:{self.code}",
             "title": self.title,
             "status": self.status,
             "detail": self.detail,
             "code": self.code,
+            # An RFC 9457 extension member: SDKs built for OpenAI-style errors show `message`, not `detail`.
+            "message": self.detail,
         }
         if self.param is not None:
             doc["param"] = self.param
@@ -109,6 +135,10 @@ class MethodNotAllowed(LMSPError):
     code, status, title = "method_not_allowed", 405, "Method not allowed"
 
 
+class RequestTimeout(LMSPError):
+    code, status, title = "request_timeout", 408, "Request timeout"
+
+
 class Conflict(LMSPError):
     code, status, title = "conflict", 409, "Conflict"
 
@@ -160,6 +190,12 @@ class InsufficientMemory(LMSPError):
     code, status, title = "insufficient_memory", 507, "Insufficient memory"
 
 
+class InsufficientStorage(LMSPError):
+    """The disk holding the service's data is full: what was asked to be kept was not."""
+
+    code, status, title = "insufficient_storage", 507, "Insufficient storage"
+
+
 def _classes() -> dict[str, type[LMSPError]]:
     found: dict[str, type[LMSPError]] = {}
     todo: list[type[LMSPError]] = [LMSPError]
@@ -172,7 +208,7 @@ def _classes() -> dict[str, type[LMSPError]]:
 
 def error_from_problem(problem: dict[str, Any], *, headers: dict[str, str] | None = None) -> LMSPError:
     """The error a problem document describes (how a model process reports one to the service)."""
-    known = ("type", "title", "status", "detail", "code", "param")
+    known = ("type", "title", "status", "detail", "code", "param", "message")
     cls = _classes().get(str(problem.get("code") or ""), InternalError)
     return cls(
         str(problem.get("detail") or "The model failed."),

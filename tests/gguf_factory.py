@@ -108,8 +108,14 @@ WORD_PIECES = [
 ]
 
 
-def vocabulary(user_defined: Sequence[str] = ()) -> tuple[list[str], list[float], list[int]]:
-    """Token strings, scores and token types (1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte)."""
+FIM_TOKENS = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]  # Qwen2.5-Coder's / CodeGemma's names
+
+
+def vocabulary(
+    user_defined: Sequence[str] = (), control: Sequence[str] = ()
+) -> tuple[list[str], list[float], list[int]]:
+    """Token strings, scores and token types (1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte);
+    `control` adds control tokens at the end (the other tokens keep their ids)."""
     tokens: list[str] = []
     types: list[int] = []
     for tok in CONTROL_TOKENS:
@@ -124,6 +130,9 @@ def vocabulary(user_defined: Sequence[str] = ()) -> tuple[list[str], list[float]
     for tok in user_defined:
         tokens.append(tok)
         types.append(4)
+    for tok in control:
+        tokens.append(tok)
+        types.append(3)
     assert len(set(tokens)) == len(tokens), "llama.cpp aborts on duplicate token strings"
     scores = [0.0 if t != 1 else -float(i) / 100 for i, t in enumerate(types)]
     return tokens, scores, types
@@ -149,6 +158,7 @@ def write_tiny_gguf(
     logit_bias: dict[str, float] | None = None,
     output_scale: float = 2.0,
     user_defined: Sequence[str] = (),
+    fim: str | None = None,
 ) -> Path:
     """Write a tiny llama-architecture GGUF and return its path.
 
@@ -161,13 +171,15 @@ def write_tiny_gguf(
     close strings or thinking blocks often instead of wandering until the context is full.
     A smaller `output_scale` flattens the next-token distribution (more variety across seeds).
     `user_defined` adds tokens llama.cpp splits out of text before tokenizing (like HTML tags in Gemma).
+    `fim` adds fill-in-the-middle control tokens: "metadata" also names them in
+    `tokenizer.ggml.fim_{pre,suf,mid}_token_id`; "names" leaves llama.cpp to find them by their text.
     """
     import gguf
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    tokens, scores, types = vocabulary(user_defined)
+    tokens, scores, types = vocabulary(user_defined, FIM_TOKENS if fim else ())
     n_vocab = len(tokens)
     head_dim = embedding // heads
     kv_dim = head_dim * heads_kv
@@ -198,6 +210,9 @@ def write_tiny_gguf(
     writer.add_unk_token_id(tokens.index("<unk>"))
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(False)
+    if fim == "metadata":
+        for key, tok in zip(("pre", "suf", "mid"), FIM_TOKENS, strict=True):
+            writer.add_uint32(f"tokenizer.ggml.fim_{key}_token_id", tokens.index(tok))
     if chat_template is not None:
         writer.add_chat_template(chat_template)
     for key, value in (extra_kv or {}).items():
@@ -248,3 +263,109 @@ def write_tiny_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return writer.format_shard_names(path)[0]
+
+
+# -- a tiny BERT embedding model -------------------------------------------------------------------
+
+BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+BERT_WORDS = [
+    "the", "a", "is", "of", "and", "to", "in", "it", "that", "you", "hello", "world", "model", "local",
+    "service", "token", "stream", "test", "user", "cat", "dog", "sat", "on", "mat", "embedding", "vector",
+    "search", "apple", "banana", "red", "green", "blue", "sky", "sea", "fast", "slow", "text", "number",
+    "play", "ing", "ed", "s", "er", ".", ",", "?", "!", "'",
+]  # fmt: skip
+
+
+def bert_vocabulary() -> tuple[list[str], list[int]]:
+    """WordPiece tokens as llama.cpp stores them (a word's first piece with a leading '▁', continuations
+    bare) and their types (3 control, 1 normal); every letter and digit both ways, so any ASCII word
+    tokenizes without [UNK]."""
+    tokens = list(BERT_SPECIALS)
+    types = [3] * len(tokens)
+    pieces = [*BERT_WORDS, *"abcdefghijklmnopqrstuvwxyz0123456789"]
+    for piece in dict.fromkeys(pieces):
+        for tok in (f"▁{piece}", piece):
+            if tok not in tokens:
+                tokens.append(tok)
+                types.append(1)
+    return tokens, types
+
+
+def write_tiny_bert_gguf(
+    path: str | Path,
+    *,
+    name: str = "Tiny Embed",
+    basename: str | None = "tiny-embed",
+    context_length: int = 128,
+    embedding: int = 64,
+    blocks: int = 2,
+    heads: int = 4,
+    ffn: int = 128,
+    pooling_type: int | None = 1,  # MEAN; None leaves the key out (llama.cpp then pools nothing)
+    seed: int = 0,
+) -> Path:
+    """Write a tiny BERT-architecture (encoder-only) embedding GGUF and return its path."""
+    import gguf
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    tokens, types = bert_vocabulary()
+    n_vocab = len(tokens)
+
+    writer = gguf.GGUFWriter(str(path), "bert")
+    writer.add_name(name)
+    if basename:
+        writer.add_basename(basename)
+    writer.add_size_label("1M")
+    writer.add_file_type(0)
+    writer.add_context_length(context_length)
+    writer.add_embedding_length(embedding)
+    writer.add_block_count(blocks)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_layer_norm_eps(1e-12)
+    writer.add_causal_attention(False)
+    if pooling_type is not None:
+        writer.add_pooling_type(gguf.PoolingType(pooling_type))
+    writer.add_tokenizer_model("bert")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_type_count(2)
+    writer.add_bos_token_id(tokens.index("[CLS]"))
+    writer.add_sep_token_id(tokens.index("[SEP]"))
+    writer.add_unk_token_id(tokens.index("[UNK]"))
+    writer.add_pad_token_id(tokens.index("[PAD]"))
+    writer.add_mask_token_id(tokens.index("[MASK]"))
+    writer.add_add_bos_token(True)
+    writer.add_add_sep_token(True)
+
+    def weight(*shape: int, scale: float = 0.2) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
+
+    writer.add_tensor("token_embd.weight", weight(n_vocab, embedding, scale=1.0))
+    writer.add_tensor("token_types.weight", weight(2, embedding))
+    writer.add_tensor("position_embd.weight", weight(context_length, embedding))
+    writer.add_tensor("token_embd_norm.weight", ones(embedding))
+    writer.add_tensor("token_embd_norm.bias", weight(embedding, scale=0.02))
+    for b in range(blocks):
+        for part in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            writer.add_tensor(f"blk.{b}.{part}.weight", weight(embedding, embedding))
+            writer.add_tensor(f"blk.{b}.{part}.bias", weight(embedding, scale=0.02))
+        writer.add_tensor(f"blk.{b}.attn_output_norm.weight", ones(embedding))
+        writer.add_tensor(f"blk.{b}.attn_output_norm.bias", weight(embedding, scale=0.02))
+        writer.add_tensor(f"blk.{b}.ffn_up.weight", weight(ffn, embedding))
+        writer.add_tensor(f"blk.{b}.ffn_up.bias", weight(ffn, scale=0.02))
+        writer.add_tensor(f"blk.{b}.ffn_down.weight", weight(embedding, ffn))
+        writer.add_tensor(f"blk.{b}.ffn_down.bias", weight(embedding, scale=0.02))
+        writer.add_tensor(f"blk.{b}.layer_output_norm.weight", ones(embedding))
+        writer.add_tensor(f"blk.{b}.layer_output_norm.bias", weight(embedding, scale=0.02))
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -111,7 +111,9 @@ def _accepts(rules: dict[str, str], start: str, text: str) -> bool:
 
 
 REFUSED = [
-    ({"type": "string", "pattern": "^a$"}, ("pattern",)),
+    ({"type": "string", "pattern": "^(a)\\1$"}, ("pattern",)),
+    ({"type": "string", "pattern": "\\bword"}, ("pattern",)),
+    ({"type": "string", "pattern": "^a$", "format": "email"}, ("format",)),
     ({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 2}}}, ("properties", "a", "multipleOf")),
     ({"type": "array", "uniqueItems": True}, ("uniqueItems",)),
     ({"type": "array", "items": [{"type": "string"}]}, ("items",)),

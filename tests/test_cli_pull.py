@@ -160,3 +160,63 @@ def test_the_login_hf_auth_keeps_opens_a_gated_model(env: dict[str, str], hub: F
     logs = Path(env["LMSP_TRAY_HOME"]) / "cache" / "logs"
     for log in logs.glob("*.log*") if logs.exists() else ():
         assert GRANTED not in log.read_text()
+
+
+def test_pull_while_the_service_runs_is_the_services_download(
+    env: dict[str, str], hub: FakeHub, tmp_path: Path
+) -> None:
+    """With the service up, `lmsp-tray pull` starts the download there (a task the tray and console show)
+    and follows it; the model is then served without a rescan, and Ctrl+C cancels the service's task."""
+    import httpx
+    from support import free_port, wait_until
+
+    port = free_port()
+    (tmp_path / "models").mkdir()
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "lmsp_tray", "serve", "--port", str(port), "--models-dir", str(tmp_path / "models")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}/lmsp/v1"
+    try:
+        wait_until(lambda: httpx.get(url, timeout=1).status_code == 200, 60, "the service", ignoring=httpx.HTTPError)
+        out = lmsp("pull", f"hf.co/{TINY}", "--no-mmproj", env=env)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "tiny-hub:1m-q4_k_m"
+        assert "The running lmsp-tray downloads it (task task_" in out.stderr
+        assert "Tiny-Q4_K_M.gguf  510.8 KB" in out.stderr and "On this machine: fits in RAM" in out.stderr
+        assert "[####################] 100%" in out.stderr and "Model: tiny-hub:1m-q4_k_m" in out.stderr
+        task_id = out.stderr.split("(task ", 1)[1].split(")", 1)[0]
+        from lmsp_tray.cli.tokens import _credentials
+        from lmsp_tray.config import resolve_paths
+
+        headers = {"Authorization": f"Bearer {_credentials(resolve_paths(env), None)}"}  # as the CLI finds it
+        with httpx.Client(base_url=url, headers=headers, timeout=30) as c:
+            task = c.get(f"/tasks/{task_id}").json()
+            assert task["status"] == "completed" and task["download"]["model"] == f"hf.co/{TINY}:Q4_K_M"
+            assert "tiny-hub:1m-q4_k_m" in {m["id"] for m in c.get("/models").json()["data"]}
+
+        # Ctrl+C: the service's task is cancelled, the part is kept.
+        pause = hub.pause(f"{TINY}/Tiny-Q5_K_M.gguf", 300_000)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lmsp_tray", "pull", f"{TINY}:Q5_K_M", "--no-mmproj"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert pause.reached.wait(60)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+        pause.release.set()
+        assert proc.returncode == 130, stderr
+        assert "Stopped. What was fetched is kept" in stderr and "Traceback" not in stderr
+        cancelled = stderr.split("(task ", 1)[1].split(")", 1)[0]
+        with httpx.Client(base_url=url, headers=headers, timeout=30) as c:
+            assert c.get(f"/tasks/{cancelled}").json()["status"] == "cancelled"
+    finally:
+        serve.terminate()
+        serve.wait(60)

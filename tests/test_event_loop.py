@@ -105,12 +105,14 @@ def test_a_large_input_is_rendered_and_tokenized_while_the_loop_answers_others(
     assert held == [True], "the service answered nothing else while it rendered and tokenized the input"
 
 
-def test_a_small_request_takes_no_thread_hop(
+def test_a_small_body_is_decoded_on_the_loop_and_its_prompt_tokenized_off_it(
     daemon: LiveDaemon, client: httpx.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The common case stays on the loop: a hop to a worker thread would count in the time to first token."""
+    """A small body is decoded on the loop (a hop would count in the time to first token); the prompt is
+    rendered and tokenized on a worker thread, since tokenizing is a round trip to the model process."""
     loop_thread: list[int] = []
-    seen: list[int] = []
+    decoded: list[int] = []
+    tokenized: list[int] = []
     real_read, real_decode, real_tokens = routes.read_body, routes.decode_json, service_module.Service._prompt_tokens
 
     async def read_body(request: Any) -> bytes:  # a coroutine: runs on the loop
@@ -118,18 +120,19 @@ def test_a_small_request_takes_no_thread_hop(
         return await real_read(request)
 
     def decode(raw: bytes) -> Any:
-        seen.append(threading.get_ident())
+        decoded.append(threading.get_ident())
         return real_decode(raw)
 
     def tokens(self: Any, *args: Any) -> Any:
-        seen.append(threading.get_ident())
+        tokenized.append(threading.get_ident())
         return real_tokens(self, *args)
 
     monkeypatch.setattr(routes, "read_body", read_body)
     monkeypatch.setattr(routes, "decode_json", decode)
     monkeypatch.setattr(service_module.Service, "_prompt_tokens", tokens)
     assert client.post("/responses", json=body(max_output_tokens=2)).status_code == 200
-    assert len(seen) == 2 and set(seen) == set(loop_thread)
+    assert len(decoded) == 1 and set(decoded) == set(loop_thread)
+    assert len(tokenized) == 1 and set(tokenized).isdisjoint(loop_thread)
 
 
 def test_a_huge_input_is_refused_without_tokenizing_all_of_it(
@@ -140,13 +143,13 @@ def test_a_huge_input_is_refused_without_tokenizing_all_of_it(
     assert r.status_code == 200
     model = daemon.daemon.models.get(TINY_ID)
     tokenized: list[int] = []
-    real = model.tokenize
+    real = model.tokenize_prompt
 
     def tokenize(text: str, **kwargs: Any) -> list[int]:
         tokenized.append(len(text))
         return real(text, **kwargs)
 
-    monkeypatch.setattr(model, "tokenize", tokenize)
+    monkeypatch.setattr(model, "tokenize_prompt", tokenize)
     r = client.post("/responses", json=body("hello world " * (7 * 2**20 // 12)))
     huge = list(tokenized)
     tokenized.clear()

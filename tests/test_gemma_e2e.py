@@ -27,7 +27,10 @@ def test_gemma_sync_and_stream(gemma_daemon) -> None:
         listing = c.get("/models").json()["data"]
         [model] = [m for m in listing if m["id"] == GEMMA_ID]
         assert model["architecture"] == "gemma3" and model["parameters"] == "270M"
-        assert model["quantization"] == "Q4_K_M" and model["context_length"] == 8192
+        assert model["quantization"] == "Q4_K_M"
+        # Sized from memory (18 KiB of KV per token): 16k on a machine with a few GB to spare, up to the
+        # trained 32k on a larger one, the old 8k only where 16k tokens of cache would not fit.
+        assert model["context_length"] in {8192, 16384, 32768}
         question = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
         r = c.post("/responses", json={"model": GEMMA_ID, "input": question, "temperature": 0, "max_output_tokens": 40})
         assert r.status_code == 200, r.text

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -205,14 +206,41 @@ def test_start_up_failures_reach_the_log_file_and_a_notification(tmp_path, model
     assert f"cannot listen on 127.0.0.1:{port}" in log
     server.wait(lambda n: f"127.0.0.1:{port}" in n["body"], what="the busy-port notification")
 
-    # A damaged database: the message names the file; the file is kept.
+    # A database from a newer lmsp-tray: refused with the version it has, the file kept untouched.
+    # (A damaged one is set aside and the service starts: test_a_damaged_database_is_set_aside_....)
     db = tmp_path / "lmsp" / "data" / "lmsp-tray.sqlite3"
     db.parent.mkdir(parents=True, exist_ok=True)
-    db.write_bytes(b"this is not a database at all" * 100)
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA user_version = 999")
+    conn.close()
+    before = db.read_bytes()
     out, log = failure(tmp_path, env, models_dir, "--port", "0")
-    assert out.returncode == 1 and "lmsp-tray.sqlite3" in out.stderr, out.stderr
-    assert "lmsp-tray.sqlite3" in log
-    server.wait(lambda n: "lmsp-tray.sqlite3" in n["body"], what="the damaged-database notification")
-    assert db.exists()
+    assert out.returncode == 1 and "lmsp-tray.sqlite3" in out.stderr and "schema version 999" in out.stderr
+    assert "upgrade lmsp-tray" in out.stderr and "lmsp-tray.sqlite3" in log
+    server.wait(lambda n: "schema version 999" in n["body"], what="the newer-database notification")
+    assert db.read_bytes() == before
     notes = server.records()
     assert len({n["id"] for n in notes}) == len(notes) and all(n["replaces"] == 0 for n in notes)
+
+
+def test_a_damaged_database_is_set_aside_and_the_service_starts(tmp_path, models_dir, session):
+    """Garbage where the database was: moved aside under a dated name (every byte kept), a new one
+    made, and the person told where the old one went, on stderr, in the log and in a notification."""
+    bus, server = session
+    env = lmsp_env(tmp_path, bus=bus.address)
+    db = tmp_path / "lmsp" / "data" / "lmsp-tray.sqlite3"
+    db.parent.mkdir(parents=True, exist_ok=True)
+    garbage = b"this is not a database at all" * 100
+    db.write_bytes(garbage)
+    proc = start(env, models_dir, tmp_path / "serve.out", "--port", "0")
+    try:
+        wait_serving(tmp_path, [proc])
+        [moved] = [p for p in db.parent.iterdir() if p.name.startswith("lmsp-tray.damaged-")]
+        assert moved.read_bytes() == garbage and db.read_bytes().startswith(b"SQLite format 3")
+        note = server.wait(lambda n: "new database" in n["summary"], what="the set-aside notification")
+        assert str(moved) in note["body"] and str(db) in note["body"] and "not deleted" in note["body"]
+        said = (tmp_path / "serve.out").read_text()
+        assert str(moved) in said and "Traceback" not in said
+        assert str(moved) in log_text(tmp_path)
+    finally:
+        stop_all([proc])

@@ -9,7 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from lmsp_tray.discovery.entry import GGUFInfo, ModelEntry
-from lmsp_tray.engine.load_plan import COMPUTE_OVERHEAD_BYTES, GPU_RESERVE_BYTES, LoadOptions, context_window, plan_load
+from lmsp_tray.engine.load_plan import (
+    COMPUTE_OVERHEAD_BYTES,
+    GPU_RESERVE_BYTES,
+    LoadOptions,
+    auto_window,
+    context_window,
+    plan_load,
+)
 
 GB = 1024**3
 
@@ -25,6 +32,25 @@ def test_context_window_is_min_of_trained_and_cap() -> None:
     assert context_window(entry(ctx=32768), 8192) == 8192
     assert context_window(entry(ctx=4096), 8192) == 4096
     assert context_window(entry(ctx=None), 8192) == 8192
+
+
+def test_default_window_is_sized_from_memory() -> None:
+    """Without context_cap: 16k where one such sequence fits (a coding agent's ~9,000-token first request
+    fits), more where four fit in half the budget, 8k on a machine that cannot hold 16k; never past the
+    trained length."""
+    per_token = 32 * 8 * 256 * 2  # 128 KiB: a 7B model's f16 KV cache per token
+    assert auto_window(per_token, None) == auto_window(None, 10 * GB) == 8192
+    assert auto_window(per_token, 1 * GB) == 8192  # 16k tokens would take 2 GiB
+    assert auto_window(per_token, 3 * GB) == 16384
+    assert auto_window(per_token, 16 * GB) == 16384
+    assert auto_window(per_token, 32 * GB) == 32768
+    assert auto_window(per_token, 64 * GB) == 65536
+    assert context_window(entry(ctx=32768), None, 64 * GB) == 32768  # the trained length bounds it
+    assert context_window(entry(ctx=4096), None, 64 * GB) == 4096
+    assert context_window(entry(ctx=32768), 8192, 64 * GB) == 8192  # an explicit cap wins
+    plan = plan_load(entry(), LoadOptions(kv_budget_bytes=3 * GB), gpu_free_bytes=None, cores=2)
+    assert plan.context_length == 16384 and plan.parallel == 1  # the window first, then what runs beside it
+    assert plan_load(entry(), LoadOptions(kv_budget_bytes=16 * GB), gpu_free_bytes=None, cores=2).parallel == 4
 
 
 def test_cpu_without_a_gpu() -> None:
@@ -61,7 +87,7 @@ def test_gpu_off_and_explicit_layers() -> None:
 
 def test_parallel_sequences_follow_the_kv_budget() -> None:
     per_seq = 32 * 8 * 256 * 2 * 8192  # bytes of KV one 8k sequence takes
-    assert plan_load(entry(), LoadOptions(kv_budget_bytes=per_seq * 10), gpu_free_bytes=None, cores=2).parallel == 4
-    assert plan_load(entry(), LoadOptions(kv_budget_bytes=per_seq * 2), gpu_free_bytes=None, cores=2).parallel == 2
-    assert plan_load(entry(), LoadOptions(kv_budget_bytes=per_seq // 2), gpu_free_bytes=None, cores=2).parallel == 1
+    for budget, parallel in ((per_seq * 10, 4), (per_seq * 2, 2), (per_seq // 2, 1)):
+        options = LoadOptions(context_cap=8192, kv_budget_bytes=budget)
+        assert plan_load(entry(), options, gpu_free_bytes=None, cores=2).parallel == parallel
     assert plan_load(entry(), LoadOptions(parallel=6), gpu_free_bytes=None, cores=2).parallel == 6

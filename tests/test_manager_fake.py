@@ -107,7 +107,7 @@ class Factory:
         self.fail: dict[str, LMSPError] = {}
         self.gate: threading.Event | None = None  # when set, loads wait for it
 
-    def __call__(self, entry: ModelEntry, options: LoadOptions, plan: LoadPlan, on_exit) -> FakeModel:
+    def __call__(self, entry: ModelEntry, options: LoadOptions, plan: LoadPlan, on_exit, on_progress=None) -> FakeModel:
         if self.gate is not None:
             self.gate.wait(10)
         if entry.id in self.fail:
@@ -300,3 +300,28 @@ def test_the_waiting_line_is_429_with_retry_after_then_503_when_closing() -> Non
     line.close()
     with pytest.raises(ServiceUnavailable):
         line.admit()
+
+
+def test_load_progress_is_seen_while_loading_and_gone_after() -> None:
+    """What the factory reports while it loads is `load_progress` (the console's bar); None once loaded."""
+    halfway, release = threading.Event(), threading.Event()
+    inner = Factory()
+
+    def factory(entry, options, plan, on_exit, on_progress=None):
+        assert on_progress is not None
+        on_progress(0.25)
+        on_progress(0.5)
+        halfway.set()
+        assert release.wait(10)
+        return inner(entry, options, plan, on_exit)
+
+    models = ModelManager(None, LoadOptions(threads=1), factory=factory, reap_interval=3600, cores=2)
+    e = entry("a")
+    loader = threading.Thread(target=models.acquire, args=(e,))
+    loader.start()
+    assert halfway.wait(10)
+    assert models.state("a")[0] == "loading" and models.load_progress("a") == 0.5
+    release.set()
+    loader.join(10)
+    assert models.state("a")[0] == "loaded" and models.load_progress("a") is None
+    models.close()

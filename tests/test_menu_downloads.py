@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from lmsp_tray.desktop.backend import download_notification
-from lmsp_tray.desktop.menu import DownloadView, TrayState, build_menu, download_label, find_item
+from lmsp_tray.desktop.menu import Action, DownloadView, TrayState, build_menu, download_label, find_item
 from lmsp_tray.serving.downloads import DownloadStatus
 
 URL = "http://127.0.0.1:7373/lmsp/v1"
@@ -40,7 +40,10 @@ def test_the_downloading_section_appears_only_while_something_downloads() -> Non
     start = shown.index("Downloading (2)")
     assert shown[start - 1] == "Open models folder"
     assert shown[start + 1 : start + 3] == ["hf.co/a/b:Q4_K_M \u2014 25%", "c/d \u2014 queued"]
-    assert not find_item(menu, "hf.co/a/b").enabled and find_item(menu, "Downloading").action is None
+    assert find_item(menu, "Downloading").action is None and not find_item(menu, "Downloading").enabled
+    cancel = find_item(menu, "hf.co/a/b").find("Cancel download")  # each download has its Cancel
+    assert cancel.action is Action.CANCEL_DOWNLOAD and cancel.arg == "task_1"
+    assert find_item(menu, "c/d").find("Cancel download").arg == "task_2"
     assert state == TrayState(url=URL, downloads=list(state.downloads)) and hash(state)
 
 

@@ -172,3 +172,21 @@ def test_frames_survive_any_split() -> None:
     assert spec == {"max_tokens": 5} and prompt == [5, 6]
     error = wire.unpack_error(wire.pack_error(ModelCrashed("gone", headers={"Retry-After": "1"})))
     assert isinstance(error, ModelCrashed) and error.detail == "gone" and error.headers == {"Retry-After": "1"}
+
+
+def test_a_load_reports_its_progress_across_the_pipe(tiny: Path) -> None:
+    """llama.cpp's load progress reaches the service (whole percents, rising, ending at 1) before READY."""
+    entry = entry_for(tiny)
+    shares: list[float] = []
+    model = ModelProcess(
+        entry,
+        LoadOptions(threads=1),
+        plan_load(entry, LoadOptions(), gpu_free_bytes=None, cores=1),
+        on_progress=shares.append,
+    )
+    try:
+        assert shares, "no progress frames before the model was ready"
+        assert shares == sorted(shares) and shares[-1] == pytest.approx(1.0)
+        assert len({int(s * 100) for s in shares}) == len(shares)  # no more than one frame per percent
+    finally:
+        model.close()

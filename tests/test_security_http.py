@@ -37,6 +37,7 @@ ENDPOINTS = [
     ("GET", "/auth/pairings", None, "tokens:manage"),
     ("POST", "/auth/pairings/BCDF-GHJK/approve", None, "tokens:manage"),
     ("POST", "/auth/pairings/BCDF-GHJK/deny", None, "tokens:manage"),
+    ("POST", "/auth/pairings/dismiss", None, "tokens:manage"),
     ("GET", "/responses/resp_01J8M6Q4W2T7N5R3V9X1Z8B0DF/input_items", None, "responses:read"),
     ("POST", "/console/codes", None, "tokens:manage"),
     ("POST", "/console/reveal", {"model": TINY_ID}, "models:manage"),

@@ -42,7 +42,8 @@ MEANINGS: list[tuple[StoreError, tuple[str, int, str | None]]] = [
     (UnknownCursor("task_1"), ("task_not_found", 404, "after")),
     (UnknownStatus("done"), ("invalid_request", 400, "status")),
     (StoreClosed("closed"), ("internal_error", 500, None)),
-    (StoreError("disk full"), ("internal_error", 500, None)),
+    (StoreError("some failure"), ("internal_error", 500, None)),
+    (store_errors.StorageFull(Path("/data/x.sqlite3")), ("insufficient_storage", 507, None)),
 ]
 
 

@@ -184,6 +184,19 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         },
         "required": ["pair", "scores"],
     },
+    "patterns": {  # pydantic's constrained strings send these
+        "type": "object",
+        "properties": {
+            "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"},
+            "slug": {"type": "string", "pattern": "^[a-z0-9]{1,8}(?:-[a-z0-9]{1,8}){0,2}$", "maxLength": 26},
+            "quoted": {"type": "string", "pattern": '^"[^"\\\\]{0,6}"$'},
+            "choice": {"type": "string", "pattern": "^(yes|no|maybe)\\.?$"},
+            "anything": {"type": "string", "pattern": "^.{0,5}\\s\\w{1,6}?$"},
+            "hex": {"type": "string", "pattern": "^0x[\\dA-Fa-f]{2,4}$", "minLength": 4},
+        },
+        "required": ["code", "slug", "quoted", "choice", "anything", "hex"],
+        "additionalProperties": False,
+    },
 }
 
 
@@ -256,8 +269,12 @@ def test_text_format_spelling_and_json_object(client: httpx.Client) -> None:
 
 UNENFORCEABLE = [
     (
-        {"type": "object", "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"}}},
+        {"type": "object", "properties": {"zip": {"type": "string", "pattern": "^(?=9)[0-9]{5}$"}}},
         "response_format.json_schema.schema.properties.zip.pattern",
+    ),
+    (
+        {"type": "string", "pattern": "^[0-9]+$", "maxLength": 5},
+        "response_format.json_schema.schema.maxLength",
     ),
     (
         {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},

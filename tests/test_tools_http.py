@@ -235,7 +235,10 @@ BAD_TOOLS = [
         [
             {
                 **WEATHER,
-                "parameters": {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]+$"}}},
+                "parameters": {
+                    "type": "object",
+                    "properties": {"code": {"type": "string", "pattern": "^(?!X)[A-Z]+$"}},
+                },
             }
         ],
         "auto",

@@ -126,7 +126,7 @@ def test_the_menu_follows_a_download_and_a_notification_ends_it(xsession, tmp_pa
                 check=lambda i: i["text"].split(" \u2014 ")[1].startswith("50%"),
                 what="the download at 50% in the menu",
             )
-            assert line["sensitive"] is False
+            assert [i["text"] for i in line["submenu"]] == ["Cancel download"]
             tray.open_menu()
             xsession.screenshot("tray-menu-download.png")
             xsession.keys("Escape")
@@ -153,6 +153,23 @@ def test_the_menu_follows_a_download_and_a_notification_ends_it(xsession, tmp_pa
             )
             failed = tray.notified()[-1]
             assert f"Download of {TINY}/Tiny-Q4_K_M.gguf failed: Tiny-Q4_K_M.gguf arrived damaged" in failed
+            # Cancel from the menu: the task ends cancelled, the part stays for a later pull.
+            pause = hub.pause(f"{TINY}/Q8_0/Tiny-Q8_0-00001-of-00003.gguf", 200_000)
+            r = c.post("/models/pull", json={"model": f"hf.co/{TINY}:Q8_0", "include_mmproj": False})
+            assert r.status_code == 202, r.text
+            task_id = r.json()["id"]
+            assert pause.reached.wait(60)
+            tray.wait_item(f"hf.co/{TINY}:Q8_0 \u2014 ", what="the Q8_0 download in the menu")
+            tray.choose(f"hf.co/{TINY}:Q8_0 \u2014 ", "Cancel download")
+            wait_until(
+                lambda: c.get(f"/tasks/{task_id}").json()["status"] == "cancelled",
+                TIMEOUT,
+                "the download cancelled from the menu",
+                ignoring=Exception,
+            )
+            pause.release.set()
+            wait_until(lambda: tray.item("Downloading") is None, TIMEOUT, "the download line to go", ignoring=Exception)
+            assert any(n.startswith("Download cancelled") for n in tray.notified())
         tray.choose("Quit", closes=False)
         assert tray.wait_exit() == 0
         assert "Traceback" not in tray.output.read_text()

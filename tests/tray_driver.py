@@ -83,7 +83,9 @@ class TrayProcess:
 
     # -- acting -----------------------------------------------------------------------------------
     def icon_window(self) -> int:
-        return wait_until(self.x.tray_icons, TIMEOUT, "the tray icon to be embedded", ignoring=Exception)[0]
+        # The program starts its service first (a model process pool, the store): on a loaded
+        # machine that alone has taken over 30 s, so the icon gets twice the usual wait.
+        return wait_until(self.x.tray_icons, 2 * TIMEOUT, "the tray icon to be embedded", ignoring=Exception)[0]
 
     def open_menu(self) -> None:
         assert not self.menu().get("open")

@@ -10,8 +10,15 @@ name, scopes, code) or runs ``lmsp-tray tokens approve CODE``; the app polls
 Denied and expired are final states.
 
 Pairings live in memory: a restart of the service cancels pending ones (the
-app simply asks again). Requests are rate-limited — per app name and in
-total — because anyone on the machine may ask. `PairingBroker` is
+app simply asks again). Anyone on the machine may ask, so a flood must neither
+grow without bound nor lock a real app out: one app name may ask
+`per_app_per_minute` times a minute (then 429, Retry-After at most a minute)
+and keep `per_app_pending` requests waiting (a newer one supersedes its
+oldest); at `max_pending` waiting requests in all, a new one expires the oldest
+request of the app name holding the most — so a flood under one name crowds
+out only itself, and a request is never refused for others' flooding. The
+person dismisses a flood in one action (`deny_all`: the tray, `lmsp-tray
+tokens deny --all`, `POST /auth/pairings/dismiss`). `PairingBroker` is
 thread-safe: the HTTP thread and the tray's thread both call it.
 """
 
@@ -39,6 +46,7 @@ PENDING, APPROVED, DENIED, EXPIRED = "pending", "approved", "denied", "expired"
 CODE_ALPHABET = "BCDFGHJKLMNPQRSTVWXZ23456789"  # no vowels (no words), no 0/O/1/I
 CODE_LENGTH = 8
 POLL_PREFIX = "lmspp_"
+MAX_RECENT = 4096  # requests remembered for the per-app rate (a flood of names must not make each request slower)
 
 
 @dataclass(frozen=True)
@@ -46,8 +54,9 @@ class RateLimits:
     """How many pairing requests are accepted (sliding one-minute windows)."""
 
     per_app_per_minute: int = 5
-    total_per_minute: int = 30
+    per_app_pending: int = 2
     max_pending: int = 16
+    max_kept: int = 256  # requests remembered in all (pending and final), so a flood cannot grow memory
     window_s: float = 60.0
 
 
@@ -201,6 +210,7 @@ class PairingBroker:
         with self._lock:
             changed = self._expire_locked(now)
             self._check_rate_locked(name, now)
+            changed += self._make_room_locked(name)
             pairing = _Pairing(
                 _pairing_id(), name, wanted, self._unique_code_locked(), _digest(poll_token), now, now + self.ttl_s
             )
@@ -210,6 +220,20 @@ class PairingBroker:
         log.info("pairing %s requested by %r for %s (code %s)", pairing.id, name, " ".join(wanted), view.user_code)
         self._notify([*changed, view])
         return view, poll_token
+
+    def deny_all(self) -> list[PairingView]:
+        """Deny every pending request at once (a flood dismissed in one action); the denied ones."""
+        with self._lock:
+            changed = self._expire_locked(self.clock())
+            denied = []
+            for pairing in self._pairings.values():
+                if pairing.status == PENDING:
+                    pairing.status = DENIED
+                    denied.append(pairing.view())
+        if denied:
+            log.info("%d pairing requests denied at once", len(denied))
+        self._notify([*changed, *denied])
+        return denied
 
     def poll(self, pairing_id: str, poll_token: str | None) -> tuple[PairingView, str | None]:
         """The request's state; after approval, the token's secret exactly once."""
@@ -247,22 +271,41 @@ class PairingBroker:
 
     def _check_rate_locked(self, name: str, now: float) -> None:
         limits = self.limits
-        while self._recent and self._recent[0][0] <= now - limits.window_s:
+        while self._recent and (self._recent[0][0] <= now - limits.window_s or len(self._recent) > MAX_RECENT):
             self._recent.popleft()
-        retry = 1 + int(self._recent[0][0] + limits.window_s - now) if self._recent else 1
-        if sum(1 for _, n in self._recent if n == name) >= limits.per_app_per_minute:
+        mine = [t for t, n in self._recent if n == name]
+        if len(mine) >= limits.per_app_per_minute:
+            retry = 1 + int(mine[0] + limits.window_s - now)  # when this app's oldest request leaves the window
             raise TooManyRequests(
                 f"Too many pairing requests from {name!r}; try again in {retry} s.", headers={"Retry-After": str(retry)}
             )
-        if len(self._recent) >= limits.total_per_minute:
-            raise TooManyRequests(
-                f"Too many pairing requests; try again in {retry} s.", headers={"Retry-After": str(retry)}
-            )
-        if sum(1 for p in self._pairings.values() if p.status == PENDING) >= limits.max_pending:
-            raise TooManyRequests(
-                "Too many pairing requests are waiting for the user; try again later.",
-                headers={"Retry-After": str(int(self.ttl_s))},
-            )
+
+    def _make_room_locked(self, name: str) -> list[PairingView]:
+        """Expire what a new request from `name` displaces: its own oldest beyond `per_app_pending`, and at
+        `max_pending` the oldest of the name holding the most; forget the oldest final ones past `max_kept`."""
+        limits = self.limits
+        pending = [p for p in self._pairings.values() if p.status == PENDING]  # oldest first (insertion order)
+        displaced: list[_Pairing] = []
+        own = [p for p in pending if p.app_name == name]
+        while len(own) >= limits.per_app_pending:
+            displaced.append(own.pop(0))
+        pending = [p for p in pending if p not in displaced]
+        while len(pending) >= limits.max_pending:
+            counts: dict[str, int] = {}
+            for p in pending:
+                counts[p.app_name] = counts.get(p.app_name, 0) + 1
+            busiest = max(counts.values())
+            victim = next(p for p in pending if counts[p.app_name] == busiest)
+            displaced.append(victim)
+            pending.remove(victim)
+        for p in displaced:
+            p.status, p.secret = EXPIRED, None
+        if displaced:
+            log.info("%d pending pairing requests displaced by newer ones", len(displaced))
+        final = [p for p in self._pairings.values() if p.status != PENDING]
+        for p in final[: max(0, len(self._pairings) + 1 - limits.max_kept)]:
+            del self._pairings[p.id]
+        return [p.view() for p in displaced]
 
     def _unique_code_locked(self) -> str:
         taken = {p.user_code for p in self._pairings.values()}

@@ -27,7 +27,7 @@ from lmsp_tray.chat.dialects import CallSyntax, Dialect
 from lmsp_tray.chat.gbnf import Grammar, literal, text_without
 from lmsp_tray.chat.parser import OutputParser, ParserConfig
 from lmsp_tray.chat.schema import SchemaCompiler, SchemaError, path_text
-from lmsp_tray.errors import InvalidRequest
+from lmsp_tray.errors import InvalidRequest, quote
 from lmsp_tray.protocol.requests import FunctionCall, FunctionCallOutput, ResponseRequest, Tool
 
 TOOL_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -143,7 +143,7 @@ def check_tool_results(request: ResponseRequest) -> None:
             calls.add(item.call_id)
         elif isinstance(item, FunctionCallOutput) and item.call_id not in calls:
             raise InvalidRequest(
-                f"function_call_output has call_id '{item.call_id}', which matches no earlier function_call in "
+                f"function_call_output has call_id {quote(item.call_id)}, which matches no earlier function_call in "
                 f"the input; send the function_call item (as received) before its output.",
                 param=_input_param(request, item.call_id),
             )

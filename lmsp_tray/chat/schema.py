@@ -5,7 +5,7 @@ schema, so every keyword is either enforced by the grammar, harmless (an
 annotation), or refused with a `SchemaError` naming the keyword and where it
 sits. Enforced: `type` (also lists), `properties`, `required`,
 `additionalProperties`, `items`, `prefixItems`, `minItems`, `maxItems`,
-`enum`, `const`, `anyOf`, `oneOf` (when its branches provably exclude each
+`enum`, `const`, `pattern` (the common regex subset: `chat.regex`), `anyOf`, `oneOf` (when its branches provably exclude each
 other), single-branch `allOf`, local `$ref` with `$defs`/`definitions`
 (recursion included), `minimum`/`maximum`/`exclusive*` (whole-number bounds
 for `number`), `minLength`/`maxLength`, and the formats in `gbnf.FORMATS`.
@@ -19,6 +19,7 @@ import json
 import math
 from typing import Any
 
+from lmsp_tray.chat import regex
 from lmsp_tray.chat.gbnf import FORMATS, Grammar, format_rule, integer_range, literal, literal_trie, number_range
 
 Path = tuple[str | int, ...]
@@ -59,7 +60,6 @@ NOT_ENFORCEABLE = {
     "if": "conditional schemas (if/then/else) cannot be enforced while generating",
     "then": "conditional schemas (if/then/else) cannot be enforced while generating",
     "else": "conditional schemas (if/then/else) cannot be enforced while generating",
-    "pattern": "regular-expression patterns cannot be enforced; use enum, format or length limits",
     "patternProperties": "patternProperties cannot be enforced",
     "propertyNames": "propertyNames cannot be enforced",
     "dependentRequired": "dependentRequired cannot be enforced",
@@ -415,6 +415,8 @@ class SchemaCompiler:
         g = self.grammar
         lo, hi = self._count(schema, "minLength", path), self._count(schema, "maxLength", path)
         fmt = schema.get("format")
+        if schema.get("pattern") is not None:
+            return self._pattern(schema, path, name, lo, hi)
         if fmt is not None:
             if fmt not in FORMATS:
                 raise SchemaError(
@@ -434,6 +436,29 @@ class SchemaCompiler:
         g.primitive("space")
         reps = f"{{{lo or 0},{'' if hi is None else hi}}}"
         return g.add(name, rf'"\"" char{reps} "\"" space')
+
+    def _pattern(self, schema: dict[str, Any], path: Path, name: str, lo: int | None, hi: int | None) -> str:
+        """A string matching `pattern` whole (a subset of the strings containing a match)."""
+        pattern = schema["pattern"]
+        where = path + ("pattern",)
+        if not isinstance(pattern, str):
+            raise SchemaError(where, "'pattern' must be a string")
+        if schema.get("format") is not None:
+            raise SchemaError(path + ("format",), "'format' together with 'pattern' cannot be enforced")
+        try:
+            tree = regex.parse(pattern)
+            body = regex.to_gbnf(tree)
+        except regex.RegexError as exc:
+            raise SchemaError(where, f"pattern {pattern[:80]!r}: {exc}") from None
+        least, most = regex.length_bounds(tree)
+        # Length limits beside a pattern hold when every match of the pattern is within them.
+        if lo is not None and least < lo:
+            raise SchemaError(path + ("minLength",), "minLength is not implied by 'pattern', so it cannot be enforced")
+        if hi is not None and (most is None or most > hi):
+            raise SchemaError(path + ("maxLength",), "maxLength is not implied by 'pattern', so it cannot be enforced")
+        g = self.grammar
+        g.primitive("space")
+        return g.add(name, rf'"\"" {body} "\"" space')
 
     @staticmethod
     def _repeat(item: str, lo: int, hi: int | None, sep: str = '"," space') -> str:

@@ -22,6 +22,7 @@ from lmsp_tray import __version__
 from lmsp_tray.cli.startup import Reporter, StartupError, claim_instance, second_launch
 from lmsp_tray.config import DEFAULT_PORT, Config, ConfigError, Paths, load_config, resolve_paths
 from lmsp_tray.instance import InstanceLock, ShowRequests
+from lmsp_tray.private import private_dir, private_opener
 
 log = logging.getLogger("lmsp_tray")
 
@@ -97,6 +98,13 @@ def _fail(message: str, code: int = 1) -> int:
     return code
 
 
+class PrivateLogFile(logging.handlers.RotatingFileHandler):
+    """The log file, and each one rotation starts, readable by the user only (0600)."""
+
+    def _open(self) -> Any:
+        return open(self.baseFilename, self.mode, encoding=self.encoding, errors=self.errors, opener=private_opener)
+
+
 def setup_logging(paths: Paths, verbose: bool) -> None:
     root = logging.getLogger("lmsp_tray")
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
@@ -106,10 +114,8 @@ def setup_logging(paths: Paths, verbose: bool) -> None:
     console.addFilter(lambda record: not getattr(record, "file_only", False))  # said on stderr in its own words
     root.addHandler(console)
     try:
-        paths.log_dir.mkdir(parents=True, exist_ok=True)
-        file = logging.handlers.RotatingFileHandler(
-            paths.log_dir / "lmsp-tray.log", maxBytes=1_000_000, backupCount=3, encoding="utf-8"
-        )
+        private_dir(paths.log_dir)
+        file = PrivateLogFile(paths.log_dir / "lmsp-tray.log", maxBytes=1_000_000, backupCount=3, encoding="utf-8")
         file.setFormatter(fmt)
         root.addHandler(file)
     except OSError:
@@ -157,12 +163,13 @@ def _catalog(paths: Paths, config: Config, *, announce: bool) -> Any:
 
 # -- commands -------------------------------------------------------------------------------------
 def cmd_models(paths: Paths, config: Config, args: argparse.Namespace) -> int:
-    from lmsp_tray.daemon import build_catalog
+    from lmsp_tray.daemon import build_catalog, kv_budget
     from lmsp_tray.engine.load_plan import context_window
 
     catalog = build_catalog(paths, config)
     entries = catalog.scan()
     incomplete = catalog.incomplete_files()
+    budget = kv_budget(config)
     if args.json:
         rows: list[dict[str, Any]] = [
             {
@@ -172,7 +179,7 @@ def cmd_models(paths: Paths, config: Config, args: argparse.Namespace) -> int:
                 "architecture": e.info.architecture if e.info else None,
                 "parameters": e.info.size_label if e.info else None,
                 "quantization": e.info.quantization if e.info else None,
-                "context_length": context_window(e, config.context_cap),
+                "context_length": context_window(e, config.context_cap, budget),
                 "state": "error" if e.error else "available",
                 "error": e.error,
                 "incomplete": e.incomplete,
@@ -203,7 +210,7 @@ def cmd_models(paths: Paths, config: Config, args: argparse.Namespace) -> int:
     for e in usable:
         quant = (e.info.quantization if e.info else None) or "-"
         print(
-            f"{e.id:<40} {e.size_bytes / 1e6:>7.0f}MB {quant:<9} {context_window(e, config.context_cap):>7}  "
+            f"{e.id:<40} {e.size_bytes / 1e6:>7.0f}MB {quant:<9} {context_window(e, config.context_cap, budget):>7}  "
             f"{e.source:<12} {e.path.name if e.source != 'ollama' else '(Ollama)'}"
         )
     broken: list[tuple[str, str, str | None]] = [(str(e.path), e.error or "", e.id) for e in entries if e.error]
@@ -262,6 +269,10 @@ def cmd_serve(
         login_item=Autostart.for_platform(),
         reveal=open_folder if display_available() else None,
     )
+    if daemon.store_set_aside is not None:  # a damaged database was moved aside: the person must know
+        reporter.notice(
+            f"lmsp-tray: {daemon.store_set_aside.message()}", summary="lmsp-tray started with a new database"
+        )
     try:
         sock = daemon.bind()
     except OSError as exc:

@@ -1,7 +1,8 @@
 """`lmsp-tray pull <model>`: get a GGUF model from Hugging Face, with progress, into the shared cache.
 
-The pull runs in this process (the service need not run; when it does, its
-folder watcher sees the model appear). It prints the plan first — which
+When this home's service runs, the service downloads it and this command
+follows the task (`cli.pull_remote`: the tray shows the progress). Otherwise
+the pull runs in this process. It prints the plan first — which
 variant and why, the files and sizes, whether the model fits this machine —
 then one progress line (bytes, speed, time left; a line every few seconds when
 stderr is not a terminal), then the model id discovery gives it and the fit
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lmsp_tray.cli.tokens import CommandError
 from lmsp_tray.config import Config, Paths
 from lmsp_tray.errors import LMSPError
 
@@ -136,7 +138,7 @@ def _machine_and_options(config: Config) -> tuple[Any, Any]:
     from lmsp_tray.hub.fit import Machine
 
     try:
-        from lmsp_tray.daemon import load_options
+        from lmsp_tray.daemon import kv_budget, load_options
         from lmsp_tray.engine.runtime import Runtime
 
         runtime = Runtime(capture_logs=True)
@@ -149,7 +151,9 @@ def _machine_and_options(config: Config) -> tuple[Any, Any]:
             runtime.close()
     except Exception:  # noqa: BLE001 - no llama.cpp here: size the model for the CPU alone
         free = total = None
-        options = LoadOptions(context_cap=config.context_cap, parallel=config.parallel, gpu="off")
+        options = LoadOptions(
+            context_cap=config.context_cap, parallel=config.parallel, gpu="off", kv_budget_bytes=kv_budget(config)
+        )
     machine = Machine.this_one(fraction=config.memory_budget_fraction, gpu_free=free, vram_total=total)
     return machine, options
 
@@ -164,12 +168,21 @@ def _puller(config: Config) -> Any:
 
 def run(paths: Paths, config: Config, args: argparse.Namespace) -> int:
     try:
+        if not args.list:
+            from lmsp_tray.cli.pull_remote import pull_through_service, running_service
+
+            service = running_service(paths)
+            if service is not None:  # the service downloads it: the tray and the console show it
+                return pull_through_service(*service, args)
         puller = _puller(config)
         if args.list:
             return _list(puller, args.model)
         return _pull(paths, config, puller, args)
     except LMSPError as exc:
         print(f"lmsp-tray: {exc.detail}", file=sys.stderr)
+        return 1
+    except CommandError as exc:  # the running service refused the pull (a problem document, one line)
+        print(f"lmsp-tray: {exc}", file=sys.stderr)
         return 1
 
 

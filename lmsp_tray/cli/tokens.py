@@ -67,8 +67,9 @@ def add_parser(commands: Any) -> None:
     revoke.add_argument("id", help="the token id (tok_…) from `tokens list`")
     approve = actions.add_parser("approve", help="approve an app's pairing request by its code")
     approve.add_argument("code", help="the code the app shows (e.g. BCDF-GHJK)")
-    deny = actions.add_parser("deny", help="deny an app's pairing request by its code")
-    deny.add_argument("code", help="the code the app shows")
+    deny = actions.add_parser("deny", help="deny an app's pairing request by its code, or all of them")
+    deny.add_argument("code", nargs="?", help="the code the app shows")
+    deny.add_argument("--all", action="store_true", help="deny every pending request (dismiss a flood)")
     actions.add_parser("pairings", help="list pairing requests waiting for approval")
 
 
@@ -142,7 +143,16 @@ def _via_service(paths: Paths, holder: Any, args: argparse.Namespace) -> int:
         doc = api.call("POST", f"/auth/tokens/{_quote(args.id)}/revoke")
         print(f"revoked {doc['id']} ({doc['name']})", file=sys.stderr)
         return 0
+    if action == "deny" and getattr(args, "all", False):
+        denied = api.call("POST", "/auth/pairings/dismiss")["data"]
+        print(f"denied {len(denied)} pairing request(s)", file=sys.stderr)
+        return 0
     if action in ("approve", "deny"):
+        if not args.code:
+            raise CommandError(
+                f"name the code the app shows (lmsp-tray tokens {action} CODE)"
+                + (", or deny them all with --all" if action == "deny" else "")
+            )
         doc = api.call("POST", f"/auth/pairings/{_quote(args.code)}/{action}")
         verb = "approved" if action == "approve" else "denied"
         print(f"{verb} {doc['app_name']!r} ({', '.join(doc['scopes'])}), code {doc['user_code']}", file=sys.stderr)

@@ -118,7 +118,8 @@ export function hide() {}
 
 async function refreshModels() {
   try {
-    const list = (await ctx.api.get("/models")).data.filter((m) => m.state !== "error");
+    const generates = (m) => !(m.capabilities || []).includes("embeddings") || m.capabilities.includes("text");
+    const list = (await ctx.api.get("/models")).data.filter((m) => m.state !== "error" && generates(m));
     const rank = { loaded: 0, loading: 1, unloading: 2, available: 3 };
     models = list.sort((a, b) => rank[a.state] - rank[b.state] || a.id.localeCompare(b.id));
   } catch (error) {
@@ -138,7 +139,9 @@ function describeModel() {
   const model = models.find((m) => m.id === el.model.value);
   if (!model) return (el.modelState.textContent = "");
   const detail = { loaded: "loaded", loading: "loading…", unloading: "unloading…", available: "loads on the first message" };
-  el.modelState.textContent = `${detail[model.state] || model.state} · ${bytes(model.size_bytes)}`;
+  const ext = (model.extensions && model.extensions.lmsp_tray) || {};
+  const share = model.state === "loading" && ext.load_progress != null ? ` ${Math.round(ext.load_progress * 100)}%` : "";
+  el.modelState.textContent = `${detail[model.state] || model.state}${share} · ${bytes(model.size_bytes)}`;
 }
 
 function onModelChange() {

@@ -121,7 +121,8 @@ function card(model) {
       h("div", { class: "progress" },
         // Indeterminate unless the service reports a fraction (extensions.lmsp_tray.load_progress, 0..1).
         h("progress", { "aria-label": `${stateText[model.state]} ${model.id}`, max: 1, value: ext.load_progress ?? null }),
-        h("span", { class: "muted" }, `${seconds} s`),
+        h("span", { class: "muted" },
+          ext.load_progress != null ? `${Math.round(ext.load_progress * 100)}% · ${seconds} s` : `${seconds} s`),
       ),
     );
   } else {

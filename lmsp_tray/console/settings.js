@@ -63,6 +63,10 @@ function row(field, value, running) {
     input = h("input", { id, type: "checkbox", checked: Boolean(value) });
   } else if (field.kind === "choice") {
     input = h("select", { id }, field.choices.map((c) => h("option", { value: c, selected: c === value }, c)));
+  } else if (field.kind === "scopes") {
+    const chosen = new Set(value || []);
+    input = h("fieldset", { id, class: "scopes" }, field.choices.map((c) =>
+      h("label", {}, h("input", { type: "checkbox", value: c, checked: chosen.has(c) }), ` ${c}`)));
   } else if (field.kind === "folders") {
     input = h("textarea", { id, rows: 3, spellcheck: "false" });
     input.value = (value || []).join("\n");
@@ -86,6 +90,7 @@ function row(field, value, running) {
 
 function valueOf({ field, input }) {
   if (field.kind === "bool") return input.checked;
+  if (field.kind === "scopes") return [...input.querySelectorAll("input:checked")].map((i) => i.value);
   if (field.kind === "folders") return input.value.split("\n").map((s) => s.trim()).filter(Boolean);
   if (field.kind === "choice" || field.kind === "duration") return input.value.trim();
   if (input.value.trim() === "") return field.kind === "auto_int" ? null : "";

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from lmsp_tray.desktop.menu import (
+    ALL_PAIRINGS,
     MODEL_ERROR,
     DownloadView,
     ModelView,
@@ -113,7 +114,8 @@ class TrayHooks:
     - `access_token()`: the owner token's secret (only ever put on the clipboard), or None.
     - `pending_pairings()`: the requests waiting for the user (objects with id, app_name,
       scopes, user_code).
-    - `approve_pairing(id)` / `deny_pairing(id)`: the user's answer; raise with a human message.
+    - `approve_pairing(id)` / `deny_pairing(id)`: the user's answer; raise with a human message;
+      `deny_all_pairings()`: every pending request denied at once (a flood dismissed).
     - `subscribe_pairings(listener)`: register `listener(*anything)` to be called when a
       request arrives or ends, so the menu shows it at once (else within the 0.5 s poll).
     """
@@ -122,6 +124,7 @@ class TrayHooks:
     pending_pairings: Callable[[], Sequence[PairingLike]] = _no_pairings
     approve_pairing: Callable[[str], Any] = _no_pairing_action
     deny_pairing: Callable[[str], Any] = _no_pairing_action
+    deny_all_pairings: Callable[[], Any] = lambda: _no_pairing_action("*")
     subscribe_pairings: Callable[[Callable[..., None]], None] = _no_subscription
     notice: Callable[[], str | None] = _no_notice  # a service-level problem to show on top of the menu
     session_token: Callable[[], bool] = lambda: False  # the owner token dies with this run (no keyring)
@@ -152,6 +155,7 @@ def tray_hooks(daemon: Daemon) -> TrayHooks:
         pending_pairings=auth.pairings.pending_pairings,
         approve_pairing=auth.pairings.approve,
         deny_pairing=auth.pairings.deny,
+        deny_all_pairings=auth.pairings.deny_all,
         subscribe_pairings=auth.pairings.add_listener,
         notice=notice,
         session_token=lambda: auth.tokens.owner_ephemeral,
@@ -224,7 +228,7 @@ class DaemonTrayBackend:
             autostart_supported=supported,
             pairings=self._pairings(),
             token_available=self._token_available(),
-            notice=self._notice(),
+            notice=self._with_keyless(self._notice()),
             problems=tuple(sorted(problems, key=lambda p: p.file_name.lower())),
             models_folder=display_path(d.paths.models_dir),
             token_session_only=self._session_token(),
@@ -295,6 +299,15 @@ class DaemonTrayBackend:
             log.debug("notice unavailable: %s", exc)
             return None
 
+    def _with_keyless(self, notice: str | None) -> str | None:
+        """The notice, and while `keyless_scopes` is on a line saying what every local app may do
+        without a token: that opening must stay visible."""
+        scopes = getattr(self.daemon.config, "keyless_scopes", None)
+        if not scopes:
+            return notice
+        note = f"Apps without a token may use: {', '.join(scopes)} (keyless_scopes in config.toml)"
+        return f"{notice}\n{note}" if notice else note
+
     def _token_available(self) -> bool:
         # Only whether the hook is connected: asking the keyring every 0.5 s is too slow
         # (0.1-0.3 s per call); a missing secret is reported when the user clicks.
@@ -340,7 +353,15 @@ class DaemonTrayBackend:
         self.hooks.approve_pairing(pairing_id)
 
     def deny_pairing(self, pairing_id: str) -> None:
-        self.hooks.deny_pairing(pairing_id)
+        if pairing_id == ALL_PAIRINGS:
+            self.hooks.deny_all_pairings()
+        else:
+            self.hooks.deny_pairing(pairing_id)
+
+    def cancel_download(self, task_id: str) -> None:
+        downloads = getattr(self.daemon, "downloads", None)
+        if downloads is None or not downloads.cancel_soon(task_id):
+            raise RuntimeError("that download has already ended")
 
     def quit(self) -> None:
         """The user chose Quit: end open streams with a terminal event, stop serving, unload."""

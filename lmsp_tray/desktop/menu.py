@@ -57,7 +57,8 @@ class Action(str, enum.Enum):
     COPY_TOKEN = "copy_token"
     SET_AUTOSTART = "set_autostart"  # arg: "on" | "off" (the value to set, not a toggle)
     APPROVE_PAIRING = "approve_pairing"  # arg: pairing id
-    DENY_PAIRING = "deny_pairing"  # arg: pairing id
+    DENY_PAIRING = "deny_pairing"  # arg: pairing id, or ALL_PAIRINGS
+    CANCEL_DOWNLOAD = "cancel_download"  # arg: the download's task id
     VIEW_LOGS = "view_logs"
     SHOW_STATUS = "show_status"  # a notification with the state (icons without a menu)
     QUIT = "quit"
@@ -84,6 +85,9 @@ class ProblemFile:
     reason: str
     folder: str = ""  # shown with "~" for the home folder
     incomplete: bool = False  # still being written, or cut short
+
+
+ALL_PAIRINGS = "*"  # DENY_PAIRING's argument for every pending request
 
 
 @dataclass(frozen=True)
@@ -418,14 +422,19 @@ def download_label(download: DownloadView) -> str:
 
 
 def downloads_section(state: TrayState) -> list[MenuItemSpec]:
-    """One line per download in progress (follow or cancel it through the API's task)."""
+    """One line per download in progress, each with its Cancel (the part fetched stays in the cache)."""
     if not state.downloads:
         return []
     count = len(state.downloads)
     return [
         SEPARATOR,
         MenuItemSpec(f"Downloading ({count})" if count > 1 else "Downloading", enabled=False),
-        *(MenuItemSpec(download_label(d), enabled=False) for d in state.downloads),
+        *(
+            MenuItemSpec(
+                download_label(d), submenu=(MenuItemSpec("Cancel download", Action.CANCEL_DOWNLOAD, d.task_id),)
+            )
+            for d in state.downloads
+        ),
     ]
 
 
@@ -463,6 +472,8 @@ def build_menu(state: TrayState) -> list[MenuItemSpec]:
         count = len(state.pairings)
         items.append(MenuItemSpec(f"Pairing request{'s' if count != 1 else ''} ({count})", enabled=False))
         items.extend(pairing_item(p) for p in state.pairings)
+        if count > 1:  # a flood of requests is dismissed in one action
+            items.append(MenuItemSpec(f"Deny all {count} requests", Action.DENY_PAIRING, ALL_PAIRINGS))
     items.append(SEPARATOR)
     items.append(MenuItemSpec("Copy access token", Action.COPY_TOKEN, enabled=state.token_available))
     items.append(

@@ -132,6 +132,8 @@ class TrayBackend(Protocol):
 
     def deny_pairing(self, pairing_id: str) -> None: ...
 
+    def cancel_download(self, task_id: str) -> None: ...
+
     def quit(self) -> None:
         """The user chose Quit; called once after the tray loop has ended, on the main thread."""
         ...
@@ -377,6 +379,9 @@ class TrayApp:
         if action is Action.DENY_PAIRING:
             b.deny_pairing(_need(arg))
             return "Pairing denied", "The app gets no token."
+        if action is Action.CANCEL_DOWNLOAD:
+            b.cancel_download(_need(arg))
+            return "Download cancelled", "What was fetched stays in the Hugging Face cache; pulling it again resumes."
         raise ValueError(f"unknown action {action!r}")
 
     @staticmethod
@@ -394,6 +399,7 @@ class TrayApp:
             Action.SET_AUTOSTART: "Could not change start at login",
             Action.APPROVE_PAIRING: "Could not approve the pairing",
             Action.DENY_PAIRING: "Could not deny the pairing",
+            Action.CANCEL_DOWNLOAD: "Could not cancel the download",
             Action.VIEW_LOGS: "Could not open the log file",
             Action.SHOW_STATUS: "Could not show the status",
         }.get(action, "Failed")

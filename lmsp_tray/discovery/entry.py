@@ -10,6 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# Encoder-only architectures llama.cpp runs as embedding models (their GGUFs may omit pooling_type).
+EMBEDDING_ARCHITECTURES = frozenset(
+    {"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "neo-bert", "modern-bert",
+     "gemma-embedding", "t5encoder"}
+)  # fmt: skip
+RANK_POOLING = 4
+
 
 @dataclass(frozen=True)
 class GGUFInfo:
@@ -37,6 +44,16 @@ class GGUFInfo:
     tensor_count: int | None = None  # tensors in this file (0 for a vocab-only file)
     vocab_size: int | None = None  # entries in tokenizer.ggml.tokens
     split_index: int | None = None  # split.no (0 for the first part of a split model)
+    pooling_type: int | None = None  # <arch>.pooling_type: 0 none, 1 mean, 2 cls, 3 last, 4 rank (a reranker)
+
+    @property
+    def embeddings(self) -> bool:
+        """An embedding model: an encoder architecture, or any GGUF that declares how to pool its
+        outputs into one vector (e.g. a Qwen3-Embedding with last-token pooling). Such a model
+        answers `/v1/embeddings` only; a reranker (`rank` pooling) is neither."""
+        if self.pooling_type == RANK_POOLING:
+            return False
+        return self.architecture in EMBEDDING_ARCHITECTURES or self.pooling_type in (1, 2, 3)
 
     @property
     def kind(self) -> str:

@@ -517,4 +517,5 @@ def _info(kv: dict[str, Any], n_tensors: int, bos: str | None, eos: str | None) 
         tensor_count=n_tensors,
         vocab_size=tokens.count if isinstance(tokens, _Array) else None,
         split_index=_int(kv.get("split.no")),
+        pooling_type=a("pooling_type"),
     )

@@ -4,7 +4,8 @@ A `GenerationJob` carries the prompt tokens, sampling, limits and a `sink`
 callback. The model calls the sink, in its own thread, with text deltas as
 tokens are decoded, with `GrammarOn` when a lazy grammar switches on (so the
 output parser knows, in order with the text, that what follows is
-constrained), and once with a `Finish`. The sink must be cheap and
+constrained), with a `TokenLogprob` before each token's text when the job asks for log
+probabilities, and once with a `Finish`. The sink must be cheap and
 thread-safe (the service's sink just hands the item to the event loop).
 
 The same job runs in this process (`model.LlamaModel`) or in a model process
@@ -47,7 +48,17 @@ class GrammarOn:
     root: str
 
 
-TextSink = Callable[[str | GrammarOn | Finish], None]
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log probability under the model (the softmax of its raw logits, before
+    sampling settings), with the `top` most likely tokens of that step; sent just before its text."""
+
+    piece: bytes
+    logprob: float
+    top: tuple[tuple[bytes, float], ...] = ()
+
+
+TextSink = Callable[[str | GrammarOn | TokenLogprob | Finish], None]
 # Called in the model's thread with each token's bytes; returns the grammar rule to switch
 # `sampling.grammar` on from (a lazy grammar), or None to keep decoding freely.
 GrammarTrigger = Callable[[bytes], str | None]
@@ -78,6 +89,8 @@ class GenerationJob:
     grammar_trigger: LazyGrammar | None = None
     # Control tokens whose text is part of the output (call and thinking markers the parser reads).
     visible_tokens: frozenset[int] = frozenset()
+    # Report each token's log probability and this many top alternatives (None: no log probabilities).
+    logprobs: int | None = None
     # Filled in and read across threads:
     cancel_event: threading.Event = field(default_factory=threading.Event)
     on_cancel: Callable[[], None] | None = None  # set by a model that runs the job elsewhere

@@ -13,13 +13,16 @@ from dataclasses import dataclass
 from lmsp_tray.discovery.entry import ModelEntry
 
 MAX_DEFAULT_PARALLEL = 4
+DEFAULT_WINDOW = 8192  # the window when nothing better is known (no KV facts in the header, no memory figure)
+AGENT_WINDOW = 16384  # what a coding agent's first request needs (~9,000 tokens of tools and instructions)
+ROOMY_WINDOWS = (65536, 32768, 16384)  # larger windows, given where memory holds them comfortably
 COMPUTE_OVERHEAD_BYTES = 64 * 1024 * 1024  # llama.cpp compute buffers, roughly, at batch 512
 GPU_RESERVE_BYTES = 512 * 1024 * 1024
 
 
 @dataclass(frozen=True)
 class LoadOptions:
-    context_cap: int = 8192
+    context_cap: int | None = None  # None: sized from the KV budget (`auto_window`)
     parallel: int | None = None  # None: from memory (up to 4)
     threads: int | None = None  # None: physical cores
     gpu: str = "auto"  # "auto" | "off"
@@ -64,9 +67,27 @@ class LoadPlan:
         return int(self.weights_bytes * self.gpu_fraction) + self.kv_bytes + COMPUTE_OVERHEAD_BYTES
 
 
-def context_window(entry: ModelEntry, cap: int) -> int:
-    """The window the service uses: min(trained length, configured cap); the cap when unknown."""
-    trained = entry.info.context_length if entry.info and entry.info.context_length else None
+def auto_window(per_token: int | None, kv_budget: int | None) -> int:
+    """The default window when no `context_cap` is set, from the memory the KV caches may take.
+
+    The largest of `ROOMY_WINDOWS` whose cache for `MAX_DEFAULT_PARALLEL` sequences fills at most
+    half the budget; else `AGENT_WINDOW` when one sequence of it fits (then fewer run in parallel),
+    so a coding agent's first request fits wherever the machine can hold it; else `DEFAULT_WINDOW`."""
+    if not per_token or not kv_budget:
+        return DEFAULT_WINDOW
+    for window in ROOMY_WINDOWS:
+        if per_token * window * MAX_DEFAULT_PARALLEL * 2 <= kv_budget:
+            return window
+    return AGENT_WINDOW if per_token * AGENT_WINDOW <= kv_budget else DEFAULT_WINDOW
+
+
+def context_window(entry: ModelEntry, cap: int | None, kv_budget: int | None = None) -> int:
+    """The window the service uses: min(trained length, cap), the cap being `context_cap` when set,
+    else sized from memory (`auto_window`)."""
+    info = entry.info
+    trained = info.context_length if info and info.context_length else None
+    if cap is None:
+        cap = auto_window(info.kv_bytes_per_token() if info else None, kv_budget)
     return max(16, min(trained or cap, cap))
 
 
@@ -74,7 +95,7 @@ def plan_load(entry: ModelEntry, options: LoadOptions, *, gpu_free_bytes: int | 
     """How `entry` would be loaded with `options` (`gpu_free_bytes` None: no usable GPU)."""
     info = entry.info
     total_layers = (info.block_count if info and info.block_count else 0) + 1
-    context = context_window(entry, options.context_cap)
+    context = context_window(entry, options.context_cap, options.kv_budget_bytes)
     per_token = info.kv_bytes_per_token() if info else None
     if options.parallel:
         parallel = max(1, options.parallel)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from lmsp_tray.discovery.entry import ModelEntry
+from lmsp_tray.engine.embedding import Embeddings
 from lmsp_tray.engine.jobs import GenerationJob
 from lmsp_tray.engine.load_plan import LoadPlan
 from lmsp_tray.engine.templates import ChatTemplate
@@ -39,7 +40,8 @@ class ModelStats:
     steps: int = 0  # decode steps performed
     queued: int = 0  # jobs waiting for a sequence slot
     generating: int = 0  # jobs holding a slot
-    batch_sizes: tuple[int, ...] = ()  # tokens decoded by each recent step (only when asked for)
+    # tokens decoded by each recent step (an embedding model: inputs per decode); only when asked for
+    batch_sizes: tuple[int, ...] = ()
     pid: int | None = None  # the model process, when it runs in one
     taken_at: float = field(default_factory=time.monotonic)
 
@@ -78,8 +80,18 @@ class LoadedModel(Protocol):
         tokenizing it (`ContextLengthExceeded`)."""
         ...  # pragma: no cover
 
+    def fim_tokens(self, prefix: str, suffix: str) -> list[int]:
+        """A fill-in-the-middle prompt from the model's FIM tokens; `UnsupportedCapability` without them."""
+        ...  # pragma: no cover
+
     def submit(self, job: GenerationJob) -> None:
         """Queue `job`; raises 503 (unloading) or 429 (waiting line full, with Retry-After) at once."""
+        ...  # pragma: no cover
+
+    def embed(self, inputs: Sequence[str | Sequence[int]]) -> Embeddings:
+        """One L2-normalised vector per input (a text, or tokens), blocking; an input longer than the
+        window is refused (`InputTooLong`, naming its index) before anything is decoded. Only an
+        embedding model (`GGUFInfo.embeddings`) embeds; others raise `UnsupportedCapability`."""
         ...  # pragma: no cover
 
     def stats(self, *, batches: bool = False) -> ModelStats: ...  # pragma: no cover

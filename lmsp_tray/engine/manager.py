@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Protocol
 
 from lmsp_tray.discovery.entry import ModelEntry
-from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan, plan_load
+from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan, context_window, plan_load
 from lmsp_tray.engine.loaded import LoadedModel
 from lmsp_tray.engine.prompt_cache import folder_bytes, model_folder
 from lmsp_tray.engine.runtime import Runtime, physical_cores
@@ -55,27 +55,45 @@ ExitCallback = Callable[[LoadedModel, LMSPError], None]
 
 
 class ModelFactory(Protocol):
-    """Loads a model following `plan`; calls `on_exit(model, error)` if the loaded model later dies."""
+    """Loads a model following `plan`; calls `on_exit(model, error)` if the loaded model later dies and
+    `on_progress(share)` (0..1) while it reads the weights."""
 
     def __call__(
-        self, entry: ModelEntry, options: LoadOptions, plan: LoadPlan, on_exit: ExitCallback
+        self,
+        entry: ModelEntry,
+        options: LoadOptions,
+        plan: LoadPlan,
+        on_exit: ExitCallback,
+        on_progress: Callable[[float], None] | None = None,
     ) -> LoadedModel: ...  # pragma: no cover
 
 
-def process_factory(entry: ModelEntry, options: LoadOptions, plan: LoadPlan, on_exit: ExitCallback) -> LoadedModel:
+def process_factory(
+    entry: ModelEntry,
+    options: LoadOptions,
+    plan: LoadPlan,
+    on_exit: ExitCallback,
+    on_progress: Callable[[float], None] | None = None,
+) -> LoadedModel:
     """Each model in a process of its own (the service's default)."""
     from lmsp_tray.engine.process import ModelProcess
 
-    return ModelProcess(entry, options, plan, on_exit=on_exit)
+    return ModelProcess(entry, options, plan, on_exit=on_exit, on_progress=on_progress)
 
 
 def in_process_factory(runtime: Runtime) -> ModelFactory:
     """Models in this process (tests and benchmarks that look inside the scheduler)."""
 
-    def load(entry: ModelEntry, options: LoadOptions, plan: LoadPlan, on_exit: ExitCallback) -> LoadedModel:
+    def load(
+        entry: ModelEntry,
+        options: LoadOptions,
+        plan: LoadPlan,
+        on_exit: ExitCallback,
+        on_progress: Callable[[float], None] | None = None,
+    ) -> LoadedModel:
         from lmsp_tray.engine.model import LlamaModel
 
-        return LlamaModel(runtime, entry, options, plan)
+        return LlamaModel(runtime, entry, options, plan, on_load_progress=on_progress)
 
     return load
 
@@ -95,6 +113,7 @@ class _Record:
     error: LMSPError | None = None
     keep_alive: float | None = None  # seconds idle before unloading; None: never
     last_used: float = field(default_factory=time.monotonic)
+    progress: float | None = None  # while loading: the share of the weights read (0..1)
 
     @property
     def busy(self) -> bool:
@@ -151,6 +170,12 @@ class ModelManager:
             record = self._records.get(model_id)
             return (record.state, record.error) if record else (AVAILABLE, None)
 
+    def load_progress(self, model_id: str) -> float | None:
+        """While `model_id` loads, the share of its weights read so far (0..1); else None."""
+        with self._lock:
+            record = self._records.get(model_id)
+            return record.progress if record is not None and record.state == LOADING else None
+
     def get(self, model_id: str) -> LoadedModel | None:
         with self._lock:
             record = self._records.get(model_id)
@@ -168,6 +193,10 @@ class ModelManager:
     def loaded(self) -> list[LoadedModel]:
         with self._lock:
             return [r.model for r in self._records.values() if r.state == LOADED and r.model is not None]
+
+    def context_window(self, entry: ModelEntry) -> int:
+        """The window `entry` gets when loaded with the current settings (without asking the GPU)."""
+        return context_window(entry, self._options.context_cap, self._options.kv_budget_bytes)
 
     def plan(self, entry: ModelEntry) -> LoadPlan:
         return plan_load(entry, self._options, gpu_free_bytes=gpu_free(self._runtime), cores=self._cores)
@@ -273,7 +302,12 @@ class ModelManager:
     def _do_load(self, entry: ModelEntry, record: _Record, keep_alive: float | None | str) -> LoadedModel:
         assert record.plan is not None
         try:
-            model = self._factory(entry, self._options, record.plan, self._model_exited)
+            record.progress = 0.0
+
+            def progress(share: float) -> None:
+                record.progress = min(max(share, 0.0), 1.0)  # one float: read under the lock, set without
+
+            model = self._factory(entry, self._options, record.plan, self._model_exited, progress)
         except LMSPError as exc:
             with self._lock:
                 record.error = exc

@@ -2,8 +2,8 @@
 
 Loading decides where the model runs (all layers on the GPU when one is
 present and they fit, else the CPU with one thread per physical core),
-the context window (min of the trained length, the configured cap and
-8192 by default), and how many sequences decode together. The object then
+the context window (min of the trained length and the configured cap, or
+a window sized from memory: `load_plan.auto_window`), and how many sequences decode together. The object then
 answers what the service needs: render a conversation, tokenize it, and
 submit a generation job to the scheduler thread that owns the context (jobs
 with a grammar go through `grammars.GrammarBuilder` first). It runs inside a
@@ -24,6 +24,8 @@ from typing import Any
 import llama_cpp
 
 from lmsp_tray.discovery.entry import ModelEntry
+from lmsp_tray.engine.embedder import Embedder
+from lmsp_tray.engine.embedding import Embeddings, EmbedDone, EmbedJob
 from lmsp_tray.engine.grammars import GrammarBuilder
 from lmsp_tray.engine.jobs import GenerationJob
 from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan, plan_load
@@ -33,7 +35,14 @@ from lmsp_tray.engine.prompt_tokens import PromptTokenizer, SpecialToken, turn_m
 from lmsp_tray.engine.runtime import Runtime, physical_cores
 from lmsp_tray.engine.scheduler import Scheduler
 from lmsp_tray.engine.templates import BUILTIN_TEMPLATES, ChatTemplate, builtin_template_name
-from lmsp_tray.errors import ContextLengthExceeded, ModelLoadFailed
+from lmsp_tray.errors import (
+    ContextLengthExceeded,
+    InputTooLong,
+    InvalidRequest,
+    LMSPError,
+    ModelLoadFailed,
+    UnsupportedCapability,
+)
 
 log = logging.getLogger("lmsp_tray.engine")
 
@@ -42,6 +51,8 @@ log = logging.getLogger("lmsp_tray.engine")
 PIECEWISE_FROM_CHARS = 4096
 # Texts longer than this (and than the window) are first checked against the window by length alone.
 SHORTCUT_FROM_CHARS = 1 << 16
+# An embedding model decodes up to this many inputs together (llama.cpp's limit is higher).
+EMBED_SEQUENCES = 64
 _SPLIT_ATTRS = (
     llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
 )
@@ -58,6 +69,7 @@ class LlamaModel:
         plan: LoadPlan | None = None,
         *,
         on_step: Callable[[], None] | None = None,
+        on_load_progress: Callable[[float], None] | None = None,
     ) -> None:
         """Load `entry`; `on_step` runs after every decode step and every job the grammar builder
         hands on (a model process flushes its frames there)."""
@@ -69,11 +81,15 @@ class LlamaModel:
         self._model = None
         self._ctx = None
         self.scheduler: Scheduler | None = None
+        self.prompt_cache: PromptCache | None = None  # saved sequence states (a generation model, when on)
+        self.embedder: Embedder | None = None  # instead of the scheduler, for an embedding model
+        self.embeddings = bool(entry.info and entry.info.embeddings)
         self._grammars: GrammarBuilder | None = None
         self._on_step = on_step
         self._prompt_tokenizer: PromptTokenizer | None = None  # built for the first long prompt
         self._prompt_tokenizer_lock = threading.Lock()
         self._prompt_tokenizer_thread: threading.Thread | None = None
+        self._on_load_progress = on_load_progress
         started = time.monotonic()
         mark = runtime.mark()
         free = sum(d.free_bytes for d in runtime.devices) if runtime.has_gpu else None
@@ -106,6 +122,18 @@ class LlamaModel:
         gpu_layers, total_layers = plan.gpu_layers, plan.total_layers
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = gpu_layers
+        report = self._on_load_progress
+        if report is not None:  # llama.cpp calls it while it reads the weights; True: go on loading
+
+            def progress(share: float, _user: Any) -> bool:
+                try:
+                    report(float(share))
+                except Exception:  # a failing report must not fail the load
+                    log.debug("load progress report failed", exc_info=True)
+                return True
+
+            callback = llama_cpp.llama_progress_callback(progress)
+            mparams.progress_callback = callback
         model = llama_cpp.llama_model_load_from_file(os.fsencode(entry.path), mparams)
         if not model:
             raise ModelLoadFailed(self._explain(runtime, mark, f"llama.cpp could not load {entry.path.name}"))
@@ -129,6 +157,14 @@ class LlamaModel:
         cparams.kv_unified = False
         cparams.swa_full = True  # keeps whole-prefix reuse possible on sliding-window models
         cparams.no_perf = True
+        if self.embeddings:
+            # Each input is one sequence, whole in one micro-batch (an encoder needs that); up to
+            # EMBED_SEQUENCES of them share a decode, in one KV space when the model has one at all.
+            tokens = max(self.context_length, options.batch_size)
+            cparams.embeddings = True
+            cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = tokens
+            cparams.n_seq_max = EMBED_SEQUENCES
+            cparams.kv_unified = True
         ctx = llama_cpp.llama_init_from_model(model, cparams)
         if not ctx:
             raise ModelLoadFailed(
@@ -137,6 +173,8 @@ class LlamaModel:
         self._ctx = ctx
         self.memory = llama_cpp.llama_get_memory(ctx)
         self.context_per_sequence = llama_cpp.llama_n_ctx_seq(ctx) or self.context_length
+        if self.embeddings:
+            self.context_per_sequence = min(self.context_per_sequence, cparams.n_ubatch)
         self.context_length = min(self.context_length, self.context_per_sequence)
 
         self._pieces: list[bytes | None] = [None] * self.n_vocab
@@ -158,9 +196,17 @@ class LlamaModel:
                 else f"CPU, {threads} threads"
             ),
         )
+        if self.embeddings:
+            self.embedder = Embedder(
+                self,
+                max_sequences=EMBED_SEQUENCES,
+                batch_tokens=cparams.n_ubatch,
+                max_queue=options.max_queue,
+                on_step=self._on_step,
+            )
+            return
         # A recurrent model's state cannot take back rejected draft tokens, nor be cut to a prefix.
         recurrent = llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model)
-        self.prompt_cache = None
         if options.prompt_cache_dir and options.prompt_cache_bytes > 0 and not recurrent:
             self.prompt_cache = self._prompt_cache(entry, options, cparams, gpu_layers)
         self.scheduler = Scheduler(
@@ -286,6 +332,26 @@ class LlamaModel:
             return self.tokenize(text)
         return tokenizer.tokens(text) if tokenizer.markers else self.tokenize(text)
 
+    def fim_tokens(self, prefix: str, suffix: str) -> list[int]:
+        """A fill-in-the-middle prompt, prefix-suffix-middle order as llama-server builds it: start token
+        (if the model adds one), FIM prefix token, the prefix, FIM suffix token, the suffix, FIM middle
+        token. The FIM tokens are the GGUF's `tokenizer.ggml.fim_*_token_id`, or the tokens llama.cpp
+        recognises by their text (`<|fim_prefix|>`, `<fim_prefix>`, `▁<PRE>`, `<｜fim▁begin｜>`…). The
+        texts are user text: special-token text inside them is not parsed as a token."""
+        pre = llama_cpp.llama_vocab_fim_pre(self.vocab)
+        suf = llama_cpp.llama_vocab_fim_suf(self.vocab)
+        mid = llama_cpp.llama_vocab_fim_mid(self.vocab)
+        if min(pre, suf, mid) < 0:
+            raise UnsupportedCapability(
+                f"'{self.id}' has no fill-in-the-middle tokens, so it cannot complete with a 'suffix'; "
+                f"use a code model trained for it (its GGUF names FIM prefix, suffix and middle tokens).",
+                param="suffix",
+            )
+        start = self.tokenize("", add_special=True, parse_special=False)  # the start token, if any
+        body = self.tokenize(prefix, add_special=False, parse_special=False) if prefix else []
+        tail = self.tokenize(suffix, add_special=False, parse_special=False) if suffix else []
+        return [*start, pre, *body, suf, *tail, mid]
+
     def longest_piece(self) -> int:
         """The most bytes of text one token can stand for (its piece, or its text when it is special)."""
         if self._longest_piece is None:
@@ -365,8 +431,76 @@ class LlamaModel:
     def render(self, messages: Sequence[dict[str, Any]], **kwargs: Any) -> str:
         return self.template.render(messages, **kwargs)
 
+    @property
+    def llama_model(self) -> llama_cpp.llama_model_p:
+        if self._model is None:
+            raise RuntimeError("the model is closed")
+        return self._model
+
+    # -- embeddings -----------------------------------------------------------------------------
+    def embedding_inputs(self, inputs: Sequence[str | Sequence[int]]) -> list[list[int]]:
+        """Each input as tokens (a text with the model's start and end tokens), checked against the
+        window before anything is decoded: llama.cpp aborts on an input longer than its batch."""
+        window = self.context_length
+        out: list[list[int]] = []
+        for i, item in enumerate(inputs):
+            if isinstance(item, str):
+                raw = item.encode("utf-8", errors="replace")
+                if len(raw) > max(SHORTCUT_FROM_CHARS, window):
+                    least = -(-len(raw) // self.longest_piece())
+                    if least > window:
+                        raise InputTooLong(
+                            f"Input {i} is at least {least:,} tokens; '{self.id}' embeds at most {window:,} "
+                            f"tokens per input. Shorten it or split it into several inputs.",
+                            param=f"input[{i}]",
+                        )
+                tokens = self.tokenize(item, add_special=True, parse_special=False)
+            else:
+                tokens = [int(t) for t in item]
+                bad = next((t for t in tokens if not 0 <= t < self.n_vocab), None)
+                if bad is not None:
+                    raise InvalidRequest(
+                        f"Input {i} holds the token {bad}, outside this model's vocabulary (0-{self.n_vocab - 1}).",
+                        param=f"input[{i}]",
+                    )
+            if not tokens:
+                raise InvalidRequest(f"Input {i} is empty.", param=f"input[{i}]")
+            if len(tokens) > window:
+                raise InputTooLong(
+                    f"Input {i} is {len(tokens):,} tokens; '{self.id}' embeds at most {window:,} tokens per "
+                    f"input. Shorten it or split it into several inputs.",
+                    param=f"input[{i}]",
+                )
+            out.append(tokens)
+        return out
+
+    def embed_async(self, inputs: Sequence[str | Sequence[int]], done: EmbedDone) -> None:
+        """Tokenize and check `inputs` here (raising a typed error), then queue them; `done` gets the
+        vectors (or the error) on the embedder's thread."""
+        embedder = self.embedder
+        if embedder is None:
+            raise UnsupportedCapability(f"'{self.id}' is not an embedding model.", param="model")
+        embedder.submit(EmbedJob(self.embedding_inputs(inputs), done))
+
+    def embed(self, inputs: Sequence[str | Sequence[int]]) -> Embeddings:
+        """`embed_async`, waiting for the answer."""
+        answer: list[Embeddings | LMSPError] = []
+        ready = threading.Event()
+
+        def done(result: Embeddings | LMSPError) -> None:
+            answer.append(result)
+            ready.set()
+
+        self.embed_async(inputs, done)
+        ready.wait()
+        if isinstance(answer[0], LMSPError):
+            raise answer[0]
+        return answer[0]
+
     # -- generation -----------------------------------------------------------------------------
     def submit(self, job: GenerationJob) -> None:
+        if self.embedder is not None:
+            raise UnsupportedCapability(f"'{self.id}' is an embedding model: it does not generate text.", param="model")
         scheduler = self.scheduler
         if scheduler is None or self._grammars is None:
             raise RuntimeError("the model is closed")
@@ -378,16 +512,28 @@ class LlamaModel:
 
     @property
     def busy(self) -> bool:
+        if self.embedder is not None:
+            return self.embedder.busy
         scheduler = self.scheduler
         pending = self._grammars.pending if self._grammars is not None else 0
         return pending > 0 or (scheduler is not None and scheduler.busy)
 
     @property
     def last_activity(self) -> float:
+        if self.embedder is not None:
+            return self.embedder.last_activity
         scheduler = self.scheduler
         return scheduler.last_activity if scheduler is not None else self.loaded_monotonic
 
     def stats(self, *, batches: bool = False) -> ModelStats:
+        embedder = self.embedder
+        if embedder is not None:
+            return ModelStats(
+                steps=embedder.steps,
+                queued=embedder.queued,
+                batch_sizes=tuple(embedder.sequences) if batches else (),  # inputs per decode
+                pid=os.getpid(),
+            )
         scheduler = self.scheduler
         if scheduler is None:
             return ModelStats(pid=os.getpid())
@@ -410,6 +556,10 @@ class LlamaModel:
         """Stop the scheduler (letting running work finish with `drain`) and free memory."""
         if self._prompt_tokenizer_thread is not None:
             self._prompt_tokenizer_thread.join()  # it reads the vocabulary freed below
+        if self.embedder is not None:
+            self.embedder.stop(drain=drain)
+            self.embedder.close()
+            self.embedder = None
         if self.scheduler is not None:
             if drain and self._grammars is not None:
                 self._grammars.close()  # its jobs reach the scheduler, which then drains them

@@ -35,8 +35,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lmsp_tray.discovery.entry import ModelEntry
-from lmsp_tray.engine import wire, worker
+from lmsp_tray.engine import embedding, wire, worker
 from lmsp_tray.engine.admission import Admission, unloading
+from lmsp_tray.engine.embedding import Embeddings
 from lmsp_tray.engine.jobs import ERROR, Finish, GenerationJob, GrammarOn
 from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan
 from lmsp_tray.engine.loaded import ModelStats, Placement
@@ -90,6 +91,7 @@ class ModelProcess:
         plan: LoadPlan,
         *,
         on_exit: ExitListener | None = None,
+        on_progress: Callable[[float], None] | None = None,
         command: Sequence[str] | None = None,
     ) -> None:
         self.id = entry.id
@@ -98,6 +100,7 @@ class ModelProcess:
         self.plan = plan
         self.scheduler = RemoteScheduler(self)
         self._on_exit = on_exit
+        self._on_progress = on_progress
         self._lock = threading.Lock()
         self._jobs: dict[int, GenerationJob] = {}
         self._calls: dict[int, concurrent.futures.Future[tuple[int, bytes]]] = {}
@@ -109,6 +112,7 @@ class ModelProcess:
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=40)
         self._token_ids: dict[str, int | None] = {}
         self._control: dict[int, bool] = {}
+        self._embedding = 0  # embedding requests in flight
         self.exit_error: LMSPError | None = None
         started = time.monotonic()
         env = dict(os.environ, GGML_NO_BACKTRACE="1", PYTHONUNBUFFERED="1")
@@ -152,6 +156,7 @@ class ModelProcess:
             self.placement = Placement(**facts["placement"])
             t = facts["template"]
             self.template = ChatTemplate(t["source"], t["name"], t["bos_token"], t["eos_token"], model_id=entry.id)
+            self.embeddings = bool(facts.get("embeddings"))
         except (KeyError, TypeError, ValueError) as exc:
             self.close()
             raise ModelLoadFailed(f"Could not load '{entry.id}': the model process answered oddly ({exc}).") from None
@@ -161,7 +166,7 @@ class ModelProcess:
     @property
     def busy(self) -> bool:
         with self._lock:
-            return bool(self._jobs)
+            return bool(self._jobs) or self._embedding > 0
 
     @property
     def last_activity(self) -> float:
@@ -189,6 +194,9 @@ class ModelProcess:
         _, payload = self._request(wire.TOKENIZE, head + text.encode("utf-8", errors="replace"))
         return wire.unpack_tokens(payload)
 
+    def fim_tokens(self, prefix: str, suffix: str) -> list[int]:
+        return list(wire.unpack_json(self._call({"op": "fim_tokens", "prefix": prefix, "suffix": suffix})))
+
     def stats(self, *, batches: bool = False) -> ModelStats:
         data = wire.unpack_json(self._call({"op": "stats", "batches": batches}))
         data["batch_sizes"] = tuple(data.get("batch_sizes") or ())
@@ -212,12 +220,28 @@ class ModelProcess:
             "stop_tokens": sorted(job.stop_tokens),
             "visible_tokens": sorted(job.visible_tokens),
             "lazy": trigger.to_json() if trigger is not None else None,
+            "logprobs": job.logprobs,
         }
         cancel = wire.frame(wire.CANCEL, ident)
         job.on_cancel = lambda: self._send(cancel)
         self._send(wire.frame(wire.SUBMIT, ident, wire.pack_job(spec, job.prompt)))
         if job.cancelled:  # cancelled before the hook was in place
             self._send(cancel)
+
+    def embed(self, inputs: Sequence[str | Sequence[int]]) -> Embeddings:
+        """One vector per input, computed in the model process (blocking)."""
+        with self._lock:
+            if self._closing or self._exited.is_set():
+                raise unloading()
+            self._embedding += 1
+            self._last_activity = time.monotonic()
+        try:
+            _, payload = self._request(wire.EMBED, wire.pack_json({"inputs": list(inputs)}))
+            return embedding.unpack(payload)
+        finally:
+            with self._lock:
+                self._embedding -= 1
+                self._last_activity = time.monotonic()
 
     def close(self, *, drain: bool = False) -> None:
         """Stop the process (letting running and queued jobs finish with `drain`) and wait for it."""
@@ -291,6 +315,11 @@ class ModelProcess:
                     job.first_token_at = time.monotonic()
                 text = payload.decode("utf-8", errors="replace")
                 job.sink(text if kind == wire.TEXT else GrammarOn(text))
+        elif kind == wire.LOGPROB:
+            with self._lock:
+                job = self._jobs.get(ident)
+            if job is not None:
+                job.sink(wire.unpack_logprob(payload))
         elif kind == wire.FINISH:
             now = time.monotonic()
             with self._lock:
@@ -299,11 +328,17 @@ class ModelProcess:
             if job is not None:
                 self._admission.done(now - job.submitted_at)
                 job.sink(wire.unpack_finish(payload))
-        elif kind in (wire.REPLY, wire.TOKENS, wire.ERROR):
+        elif kind in (wire.REPLY, wire.TOKENS, wire.ERROR, wire.EMBEDDINGS):
             with self._lock:
                 future = self._calls.pop(ident, None)
             if future is not None:
                 future.set_result((kind, payload))
+        elif kind == wire.LOADING:
+            if self._on_progress is not None:
+                try:
+                    self._on_progress(wire.LOAD_PROGRESS.unpack(payload)[0])
+                except Exception:  # a failing listener must not stop the reader
+                    log.exception("%s: load progress listener failed", self.id)
         elif kind == wire.READY:
             self._ready.set_result(wire.unpack_json(payload))
         elif kind == wire.FAILED:

@@ -51,6 +51,8 @@ class SamplingParams:
     min_p: float = DEFAULT_MIN_P
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
+    frequency_penalty: float = 0.0  # OpenAI's: minus this times a token's count so far
+    presence_penalty: float = 0.0  # OpenAI's: minus this once a token has appeared
     seed: int | None = None  # None: a random seed
     grammar: str | None = None  # GBNF
     grammar_root: str = "root"  # the rule decoding starts from
@@ -60,6 +62,10 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
@@ -75,10 +81,10 @@ class Sampler:
         chain_params.no_perf = True
         self._chain = llama_cpp.llama_sampler_chain_init(chain_params)
         self._grammar: llama_cpp.llama_sampler_p | None = None
-        self._argmax = params.greedy and params.repeat_penalty == 1.0 and not params.grammar
+        self._argmax = params.greedy and not params.penalized and not params.grammar
         # Allowed tokens a shortlist must hold for its pick to be exact (None: always the whole vocabulary).
         self._enough: int | None = None
-        if params.repeat_penalty == 1.0:
+        if not params.penalized:
             self._enough = 1 if params.greedy else (params.top_k if params.top_k > 0 else None)
         self._n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
         # Buffers for grammar sampling (the whole vocabulary as llama_token_data cells).
@@ -115,9 +121,11 @@ class Sampler:
             if not self._grammar:
                 self._grammar = None
                 raise GrammarError("llama.cpp rejected the grammar")
-        if p.repeat_penalty != 1.0:
+        if p.penalized:
             self._add(
-                llama_cpp.llama_sampler_init_penalties(self._n_vocab, p.repeat_last_n, p.repeat_penalty, 0.0, 0.0)
+                llama_cpp.llama_sampler_init_penalties(
+                    self._n_vocab, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
+                )
             )
         if p.greedy:
             self._add(llama_cpp.llama_sampler_init_greedy())

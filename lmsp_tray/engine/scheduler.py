@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import llama_cpp
+import numpy as np
 
 from lmsp_tray.engine import kv_states
 from lmsp_tray.engine.admission import too_many, unloading
@@ -43,6 +44,7 @@ from lmsp_tray.engine.jobs import (
     GenerationJob,
     GrammarOn,
     GrammarTrigger,
+    TokenLogprob,
 )
 from lmsp_tray.engine.prompt_cache import MIN_TOKENS, PromptCache
 from lmsp_tray.engine.sampling import GrammarError, Sampler, SamplingParams
@@ -440,7 +442,11 @@ class Scheduler:
                 except GrammarError as exc:  # a grammar with no way on: end this request, not the thread
                     self._finish(slot, ERROR, InternalError(f"The output constraint cannot be continued: {exc}."))
                     continue
-                self._on_token(slot, token)
+                logprob = None
+                job = slot.job
+                if job is not None and job.logprobs is not None and not self._model.is_eog(token):
+                    logprob = self._logprob(slot.out, token, job.logprobs)
+                self._on_token(slot, token, logprob)
 
     def _draft(self, slot: _Slot, spare: int) -> Sequence[int]:
         """Tokens to verify after the slot's next one (prompt lookup), within what may still fit."""
@@ -514,7 +520,21 @@ class Scheduler:
                 slot.cache.clear()
                 self._finish(slot, ERROR, error)
 
-    def _on_token(self, slot: _Slot, token: int) -> None:
+    def _logprob(self, index: int, token: int, top: int) -> TokenLogprob:
+        """The token's log probability from the raw logits of output `index` (before sampling settings)."""
+        logits = np.ctypeslib.as_array(
+            llama_cpp.llama_get_logits_ith(self._model.ctx, index), shape=(self._model.n_vocab,)
+        )
+        peak = float(logits.max())
+        log_total = peak + float(np.log(np.exp(logits - peak, dtype=np.float64).sum()))
+        best: tuple[tuple[bytes, float], ...] = ()
+        if top > 0:
+            ids = np.argpartition(logits, -top)[-top:]
+            ids = ids[np.argsort(-logits[ids], kind="stable")]
+            best = tuple((self._model.piece(int(i), special=True), float(logits[i]) - log_total) for i in ids)
+        return TokenLogprob(self._model.piece(token, special=True), float(logits[token]) - log_total, best)
+
+    def _on_token(self, slot: _Slot, token: int, logprob: TokenLogprob | None = None) -> None:
         job = slot.job
         assert job is not None and slot.stream is not None
         if job.first_token_at is None:
@@ -530,6 +550,8 @@ class Scheduler:
                 if not self._switch_grammar_on(slot, root):
                     return
                 _emit(job, GrammarOn(root))  # before the text holding the marker: the parser reads it in order
+        if logprob is not None:
+            _emit(job, logprob)
         text = slot.stream.push(piece)
         if text:
             _emit(job, text)
@@ -567,7 +589,7 @@ class Scheduler:
         _emit(job, Finish(reason, len(job.prompt), slot.generated, cached_tokens=slot.reused, error=error))
 
 
-def _emit(job: GenerationJob, item: str | GrammarOn | Finish) -> None:
+def _emit(job: GenerationJob, item: str | GrammarOn | TokenLogprob | Finish) -> None:
     """Hand an item to the job's sink; a sink that fails (its consumer is gone) fails alone."""
     try:
         job.sink(item)

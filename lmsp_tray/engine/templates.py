@@ -11,7 +11,9 @@ with the template's own message, never a traceback.
 Rendering is bounded: a template is a program from a downloaded file, and
 one that loops millions of times would hold a thread (and the GIL) for
 seconds per request. `render` counts the template's work (lines executed in
-the compiled template, calls it makes) and watches the clock, and stops it
+the compiled template, calls it makes) and the CPU time its thread spends
+(not the wall clock: a busy machine must not refuse a render it would
+finish), and stops it
 past `RenderBudget` with an `InvalidRequest` naming the model; `*` and `**`
 in a template cannot build huge strings or numbers. Callers render off the
 event loop (the service does it in a worker thread).
@@ -111,7 +113,8 @@ def _strftime_now(fmt: str) -> str:
 
 @dataclass(frozen=True)
 class RenderBudget:
-    """How much work one render may take: steps (template lines run plus calls made) and seconds.
+    """How much work one render may take: steps (template lines run plus calls made) and seconds of the
+    rendering thread's CPU time.
 
     Real templates take a few thousand steps per message; the base allowance is
     for the template's fixed part (tool lists, date handling)."""
@@ -135,13 +138,13 @@ class _Meter:
 
     def __init__(self, steps: int, seconds: float) -> None:
         self.left = steps
-        self.deadline = time.monotonic() + seconds
+        self.deadline = time.thread_time() + seconds  # CPU time: waiting for the GIL or a core is not counted
         self.tick = 0
 
     def charge(self) -> None:
         self.left -= 1
         self.tick += 1
-        if self.left < 0 or (self.tick & 1023 == 0 and time.monotonic() > self.deadline):
+        if self.left < 0 or (self.tick & 1023 == 0 and time.thread_time() > self.deadline):
             raise _OverBudget
 
     def on_call(self, frame: FrameType, event: str, arg: Any) -> Any:
@@ -247,4 +250,4 @@ class ChatTemplate:
 
 def meter_limits(budget: RenderBudget, messages: int) -> str:
     steps = budget.base_steps + budget.steps_per_message * messages
-    return f"{steps:,} steps or {budget.seconds:g} s, and no string over {budget.max_repeat:,} characters"
+    return f"{steps:,} steps or {budget.seconds:g} s of CPU time, and no string over {budget.max_repeat:,} characters"

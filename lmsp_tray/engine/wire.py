@@ -23,7 +23,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from lmsp_tray.engine.jobs import Finish
+from lmsp_tray.engine.jobs import Finish, TokenLogprob
 from lmsp_tray.engine.sampling import SamplingParams
 from lmsp_tray.errors import LMSPError, error_from_problem
 
@@ -37,6 +37,7 @@ CANCEL = 3
 TOKENIZE = 4  # u32 at_most (0: no limit), UTF-8 text -> TOKENS or ERROR
 CALL = 5  # JSON {"op": ...} -> REPLY or ERROR
 CLOSE = 6  # b"1": let running work finish first
+EMBED = 16  # JSON {"inputs": [text or token list, ...]} -> EMBEDDINGS or ERROR
 
 # model process -> service
 READY = 101  # JSON: the loaded model's facts
@@ -46,7 +47,11 @@ GRAMMAR_ON = 104  # UTF-8 rule name: job `id`'s lazy grammar switched on
 FINISH = 105  # JSON: job `id` ended
 REPLY = 106  # JSON answer to CALL `id`
 TOKENS = 107  # int32 tokens answering TOKENIZE `id`
-ERROR = 108  # JSON problem answering TOKENIZE/CALL `id`
+ERROR = 108  # JSON problem answering TOKENIZE/CALL/EMBED `id`
+LOGPROB = 109  # JSON: the log probability of job `id`'s next token (before its TEXT)
+LOADING = 111  # f32: the share of the model read so far (before READY)
+LOAD_PROGRESS = struct.Struct("<f")
+EMBEDDINGS = 116  # embedding.pack(): the vectors answering EMBED `id`
 
 _INT32 = "i"
 assert array.array(_INT32).itemsize == 4
@@ -202,3 +207,12 @@ class FrameWriter:
                 data = data[os.write(self._fd, data) :]
         except OSError:  # the other side is gone; its end is noticed by whoever reads from it
             self.broken = True
+
+
+def pack_logprob(item: TokenLogprob) -> bytes:
+    return pack_json([item.piece.hex(), item.logprob, [[piece.hex(), lp] for piece, lp in item.top]])
+
+
+def unpack_logprob(payload: bytes | memoryview) -> TokenLogprob:
+    piece, logprob, top = unpack_json(payload)
+    return TokenLogprob(bytes.fromhex(piece), float(logprob), tuple((bytes.fromhex(p), float(lp)) for p, lp in top))

@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from lmsp_tray.discovery.entry import GGUFInfo, ModelEntry
-from lmsp_tray.engine import wire
-from lmsp_tray.engine.jobs import ERROR, Finish, GenerationJob, GrammarOn
+from lmsp_tray.engine import embedding, wire
+from lmsp_tray.engine.embedding import Embeddings
+from lmsp_tray.engine.jobs import ERROR, Finish, GenerationJob, GrammarOn, TokenLogprob
 from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan
 from lmsp_tray.engine.trigger import CallMarkers
 from lmsp_tray.errors import InternalError, LMSPError, ModelLoadFailed
@@ -111,7 +112,17 @@ class Worker:
         entry = _entry(spec["entry"])
         options = LoadOptions(**spec["options"])
         plan = LoadPlan(**spec["plan"])
-        self.model = model = LlamaModel(self._runtime, entry, options, plan, on_step=self._writer.flush)
+        sent = [-1]
+
+        def loading(share: float) -> None:  # whole percents only: a few dozen frames at most
+            percent = int(share * 100)
+            if percent > sent[0]:
+                sent[0] = percent
+                self._writer.send(wire.frame(wire.LOADING, 0, wire.LOAD_PROGRESS.pack(share)))
+
+        self.model = model = LlamaModel(
+            self._runtime, entry, options, plan, on_step=self._writer.flush, on_load_progress=loading
+        )
         template = model.template
         return {
             "context_length": model.context_length,
@@ -125,6 +136,7 @@ class Worker:
                 "eos_token": template.eos_token,
             },
             "pid": os.getpid(),
+            "embeddings": model.embedder is not None,
         }
 
     # -- frames from the service ----------------------------------------------------------------
@@ -140,6 +152,8 @@ class Worker:
             self._calls.submit(self._tokenize, ident, payload)
         elif kind == wire.CALL:
             self._calls.submit(self._call, ident, payload)
+        elif kind == wire.EMBED:
+            self._calls.submit(self._embed, ident, payload)
         elif kind == wire.CLOSE:
             threading.Thread(target=self._close, args=(payload == b"1",), name="lmsp-worker-close").start()
         else:
@@ -157,6 +171,7 @@ class Worker:
             stop_tokens=frozenset(spec.get("stop_tokens") or ()),
             grammar_trigger=CallMarkers.from_json(lazy) if lazy else None,
             visible_tokens=frozenset(spec.get("visible_tokens") or ()),
+            logprobs=spec.get("logprobs"),
         )
         with self._lock:
             self._jobs[ident] = job
@@ -169,9 +184,11 @@ class Worker:
     def _sink(self, ident: int) -> Any:
         queue = self._writer.queue  # sent with the rest of the decode step (FrameWriter.flush)
 
-        def sink(item: str | GrammarOn | Finish) -> None:
+        def sink(item: str | GrammarOn | TokenLogprob | Finish) -> None:
             if isinstance(item, str):
                 queue(wire.frame(wire.TEXT, ident, item.encode("utf-8", errors="replace")))
+            elif isinstance(item, TokenLogprob):
+                queue(wire.frame(wire.LOGPROB, ident, wire.pack_logprob(item)))
             elif isinstance(item, GrammarOn):
                 queue(wire.frame(wire.GRAMMAR_ON, ident, item.root.encode("utf-8")))
             else:
@@ -199,11 +216,29 @@ class Worker:
                 result = self.model.find_token(str(request["text"]))
             elif op == "is_control":
                 result = self.model.is_control(int(request["token"]))
+            elif op == "fim_tokens":
+                result = self.model.fim_tokens(str(request["prefix"]), str(request["suffix"]))
             elif op == "stats":
                 result = dataclasses.asdict(self.model.stats(batches=bool(request.get("batches"))))
             else:
                 raise ValueError(f"unknown call {op!r}")
             self._writer.send(wire.frame(wire.REPLY, ident, wire.pack_json(result)))
+        except Exception as exc:  # noqa: BLE001
+            self._reply_error(ident, exc)
+
+    def _embed(self, ident: int, payload: bytes) -> None:
+        """Tokenize and check the inputs on this call thread, then leave them to the embedder, whose
+        thread sends the vectors back."""
+
+        def done(result: Embeddings | LMSPError) -> None:
+            if isinstance(result, LMSPError):
+                self._reply_error(ident, result)
+            else:
+                self._writer.send(wire.frame(wire.EMBEDDINGS, ident, embedding.pack(result)))
+
+        try:
+            inputs = wire.unpack_json(payload)["inputs"]
+            self.model.embed_async(inputs, done)
         except Exception as exc:  # noqa: BLE001
             self._reply_error(ident, exc)
 

@@ -3,6 +3,7 @@ problem documents."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from starlette.applications import Starlette
@@ -100,7 +101,16 @@ def create_app(
     app.state.downloads = downloads
     app.state.console = console or ConsoleParts(ConsoleAccess(auth.tokens))
     app.state.console_assets = load_assets()
+    app.state.large_bodies = asyncio.Semaphore(1)  # large bodies are decoded one at a time (routes.off_loop)
     policy = SecurityPolicy.build(service.config.allowed_origins, service.config.max_request_bytes)
-    answered = VersionHeader(SecurityMiddleware(VersionCheck(app), tokens=auth.tokens, policy=policy, apis=APIS))
+    answered = VersionHeader(
+        SecurityMiddleware(
+            VersionCheck(app),
+            tokens=auth.tokens,
+            policy=policy,
+            apis=APIS,
+            keyless=lambda: service.config.keyless_scopes,  # the settings in effect (they change live)
+        )
+    )
     activity = app.state.console.activity
     return answered if activity is None else ActivityRecorder(answered, activity)

@@ -103,6 +103,12 @@ async def deny_pairing(request: Request) -> Response:
     return JSON(view.to_json())
 
 
+async def dismiss_pairings(request: Request) -> Response:
+    """Deny every pending request at once: how a person dismisses a flood of them."""
+    views = await asyncio.to_thread(_auth(request).pairings.deny_all)
+    return JSON({"object": "list", "data": [v.to_json() for v in views]})
+
+
 async def tokens_endpoint(request: Request) -> Response:
     return await (create_token(request) if request.method == "POST" else list_tokens(request))
 
@@ -125,6 +131,7 @@ AUTH_ROUTES = [
     Scoped("/auth/tokens/{token_id}/revoke", revoke_token, POST="tokens:manage"),
     # Asking to pair needs no token (rate-limited; the user decides); polling needs the pairing's poll token.
     Scoped("/auth/pairings", pairings_endpoint, GET="tokens:manage", POST=PUBLIC),
+    Scoped("/auth/pairings/dismiss", dismiss_pairings, POST="tokens:manage"),  # before {pairing_id}
     Scoped("/auth/pairings/{pairing_id}", poll_pairing, GET=PUBLIC),
     Scoped("/auth/pairings/{ref}/approve", approve_pairing, POST="tokens:manage"),
     Scoped("/auth/pairings/{ref}/deny", deny_pairing, POST="tokens:manage"),

@@ -143,7 +143,9 @@ def _path_param(name: str, description: str, example: str | None = None) -> dict
 def _schemas() -> dict[str, Any]:
     request = ResponseCreate.model_json_schema(by_alias=True, ref_template=REF + "{model}")
     defs = request.pop("$defs", {})
-    problem = _obj({"type": STR, "title": STR, "status": INT, "detail": STR, "code": STR}, {"param": STR})
+    problem = _obj(
+        {"type": STR, "title": STR, "status": INT, "detail": STR, "code": STR}, {"param": STR, "message": STR}
+    )
     item = {
         "type": "object",
         "required": ["id", "type"],
@@ -598,6 +600,13 @@ def build_openapi(example_model: str | None = None) -> dict[str, Any]:
                 params=[_path_param("pairing_id", "The id from the POST (pair_…).")],
                 problems=("401", "404", "409"),
                 security=[{"pollToken": []}],
+            )
+        },
+        "/lmsp/v1/auth/pairings/dismiss": {
+            "post": _op(
+                "Deny every pending pairing request at once (a flood of them dismissed in one action).",
+                "tokens:manage",
+                {"200": _json("The requests denied.", _ref("PairingList"))},
             )
         },
         "/lmsp/v1/auth/pairings/{ref}/approve": {

@@ -10,14 +10,15 @@ to these answers as to every other.
 
 from __future__ import annotations
 
+import errno
 import logging
 from typing import Any
 
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from lmsp_tray.errors import InternalError, LMSPError, MethodNotAllowed, NotFound
+from lmsp_tray.errors import InsufficientStorage, InternalError, LMSPError, MethodNotAllowed, NotFound, quote
 from lmsp_tray.http import wire_json
 from lmsp_tray.http.api import ErrorShape, api_for
 
@@ -67,23 +68,41 @@ async def http_exception_handler(request: Request, exc: Exception) -> Response:
     if exc.status_code == 405:
         allowed = (exc.headers or {}).get("Allow", "")
         error: LMSPError = MethodNotAllowed(
-            f"{request.method} is not allowed on {request.url.path}" + (f"; use {allowed}." if allowed else "."),
+            f"{quote(request.method)} is not allowed on {quote(request.url.path)}"
+            + (f"; use {allowed}." if allowed else "."),
             headers={"Allow": allowed} if allowed else None,
         )
     elif exc.status_code == 404:
-        error = NotFound(f"There is nothing at {request.url.path}. The API lives under /lmsp/v1.")
+        error = NotFound(f"There is nothing at {quote(request.url.path)}. The API lives under /lmsp/v1.")
     else:
         error = LMSPError(str(exc.detail))
         error.status, error.code, error.title = exc.status_code, "http_error", "HTTP error"
     return _shape(request).response(error)
 
 
+async def os_error_handler(request: Request, exc: Exception) -> Response:
+    """A full disk, wherever it was met (the store's own `StorageFull` is one too): 507, not 500."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        log.error("disk full on %s %s: %s", request.method, quote(request.url.path), exc)
+        full = InsufficientStorage("The disk is full, so this change was not saved. Free some disk space and retry.")
+        return _shape(request).response(full)
+    return await unexpected_error_handler(request, exc)
+
+
 async def unexpected_error_handler(request: Request, exc: Exception) -> Response:
-    log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
+    log.error("unexpected error on %s %s", request.method, quote(request.url.path), exc_info=exc)
     return _shape(request).response(InternalError("The service hit an unexpected error; it has been logged."))
 
 
+async def client_gone_handler(request: Request, exc: Exception) -> Response:
+    """The client went away (or its connection was closed for a late body): nobody reads an answer."""
+    log.info("client left during %s %s", request.method, quote(request.url.path))
+    return Response(status_code=400)
+
+
 EXCEPTION_HANDLERS = {
+    ClientDisconnect: client_gone_handler,
+    OSError: os_error_handler,
     LMSPError: lmsp_error_handler,
     HTTPException: http_exception_handler,
     Exception: unexpected_error_handler,

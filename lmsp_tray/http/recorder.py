@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from lmsp_tray.http.security import STATE_TOKEN
+from lmsp_tray.http.security import STATE_KEYLESS, STATE_TOKEN
 from lmsp_tray.serving.activity import ActivityLog
+
+KEYLESS_APP = "(no token)"  # who asked, for a request let in by keyless_scopes
 
 QUIET_PATHS = ("/lmsp/v1/activity", "/console")
 
@@ -42,8 +44,10 @@ class ActivityRecorder:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
-                token = scope.get("state", {}).get(STATE_TOKEN)
-                activity.status(entry, status, getattr(token, "name", None))
+                state = scope.get("state", {})
+                token = state.get(STATE_TOKEN)
+                app = getattr(token, "name", None) or (KEYLESS_APP if state.get(STATE_KEYLESS) else None)
+                activity.status(entry, status, app)
             await send(message)
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 activity.end(entry, status)

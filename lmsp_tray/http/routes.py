@@ -9,25 +9,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from lmsp_tray.errors import InvalidJSON, InvalidRequest, PayloadTooLarge
+from lmsp_tray.errors import PayloadTooLarge
 from lmsp_tray.http import wire_json
 from lmsp_tray.http.api import PUBLIC, Scoped
-from lmsp_tray.http.security import token_of
+from lmsp_tray.http.security import KEYLESS, keyless_of, token_of
 from lmsp_tray.http.sse import EventStream, wait_disconnect
+from lmsp_tray.protocol import strict_json
 from lmsp_tray.protocol.requests import ResponseRequest, parse_response_create
 from lmsp_tray.serving.replay import ANONYMOUS, Caller, iterate
 from lmsp_tray.serving.responder import Replayed, Responder
 from lmsp_tray.serving.service import Service
 
-MAX_JSON_DEPTH = 64
+MAX_JSON_DEPTH = strict_json.MAX_JSON_DEPTH
 INLINE_BODY_BYTES = 64 * 1024  # a larger body is decoded and validated on a worker thread
+SERIAL_BODY_BYTES = 1024 * 1024  # bodies this large are decoded one at a time (`off_loop`)
 
 T = TypeVar("T")
 
@@ -46,11 +47,13 @@ def caller_of(request: Request) -> Caller:
 
     Idempotency keys are scoped to its id, and the responses and tasks it creates are owned by it
     (another token gets 404 for them). Without a token (no security layer in front): "anonymous",
-    no owner. This is the one place to change that policy.
+    no owner. A request let in by `keyless_scopes` runs as "keyless": its keys and the responses and
+    tasks it creates are its own (no token sees them; every keyless app shares them). This is the one
+    place to change that policy.
     """
     token = token_of(request)
     if token is None:
-        return ANONYMOUS
+        return Caller(scope=KEYLESS, owner=KEYLESS) if keyless_of(request) else ANONYMOUS
     token_id = token if isinstance(token, str) else str(token.id)
     return Caller(scope=token_id, owner=token_id)
 
@@ -60,6 +63,11 @@ def idempotency_key(request: Request) -> str | None:
 
 
 REPLAYED = {"Idempotent-Replayed": "true"}
+
+
+def keepalive(request: Request) -> float:
+    """How long an event stream may stay silent before a keep-alive comment (`sse_keepalive`)."""
+    return _service(request).config.sse_keepalive
 
 
 async def read_body(request: Request) -> bytes:
@@ -78,56 +86,35 @@ async def read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-async def off_loop(fn: Callable[[bytes], T], raw: bytes) -> T:
-    """``fn(raw)``: on the event loop for a small body, on a worker thread for a large one."""
-    return fn(raw) if len(raw) <= INLINE_BODY_BYTES else await asyncio.to_thread(fn, raw)
+async def off_loop(fn: Callable[[bytes], T], raw: bytes, request: Request | None = None) -> T:
+    """``fn(raw)``: on the event loop for a small body, on a worker thread for a large one.
+
+    Bodies of `SERIAL_BODY_BYTES` or more take turns (`app.state.large_bodies`): their work holds
+    the GIL, so parallel threads finish no sooner, while each more of them is one more thread the
+    event loop waits behind for the GIL (8 MiB bodies from 8 clients at once held it up to 0.5 s)."""
+    if len(raw) <= INLINE_BODY_BYTES:
+        return fn(raw)
+    gate = getattr(request.app.state, "large_bodies", None) if request is not None else None
+    if gate is None or len(raw) < SERIAL_BODY_BYTES:
+        return await asyncio.to_thread(fn, raw)
+    async with gate:
+        return await asyncio.to_thread(fn, raw)
 
 
 async def read_json(request: Request) -> Any:
     """The request body as JSON (`decode_json`), decoded off the event loop when it is large."""
-    return await off_loop(decode_json, await read_body(request))
+    return await off_loop(decode_json, await read_body(request), request)
 
 
 async def read_response_create(request: Request) -> ResponseRequest:
     """The body of `POST /responses` or `/tasks`, decoded and validated off the event loop when it is large."""
-    return await off_loop(lambda raw: parse_response_create(decode_json(raw)), await read_body(request))
+    return await off_loop(lambda raw: parse_response_create(decode_json(raw)), await read_body(request), request)
 
 
 def decode_json(raw: bytes) -> Any:
-    """A body as JSON: UTF-8, well-formed, nested at most `MAX_JSON_DEPTH` levels."""
-    if not raw.strip():
-        raise InvalidJSON("The request body is empty; send a JSON object.")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InvalidJSON("The request body is not valid UTF-8.") from None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        detail = f"{exc.msg} at line {exc.lineno} column {exc.colno}"
-        raise InvalidJSON(f"The request body is not valid JSON: {detail}.") from None
-    except RecursionError:  # nested far deeper than the limit: the parser gave up
-        value = None
-        depth = MAX_JSON_DEPTH + 1
-    else:
-        depth = nesting(value) if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH else 0
-    if depth > MAX_JSON_DEPTH:
-        raise InvalidRequest(f"The JSON body is nested deeper than {MAX_JSON_DEPTH} levels.")
-    return value
-
-
-def nesting(value: Any) -> int:
-    """How deep lists and objects nest in a decoded JSON value (a scalar: 0), without recursion."""
-    best = 0
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
-        if children is None:
-            continue
-        best = max(best, depth)
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return best
+    """A body as JSON (`strict_json.loads`): UTF-8, RFC 8259 only (no NaN, no overflowing or
+    endless numbers), no lone surrogates, nested at most `MAX_JSON_DEPTH` levels; a 400 names the field."""
+    return strict_json.loads(raw)
 
 
 async def service_document(request: Request) -> Response:
@@ -161,10 +148,10 @@ async def create_response(request: Request) -> Response | EventStream:
     run = await responder.start(parsed, caller=caller_of(request), key=idempotency_key(request))
     if isinstance(run, Replayed):
         if run.events is not None:
-            return EventStream(iterate(run.events), headers=REPLAYED)
+            return EventStream(iterate(run.events), headers=REPLAYED, keepalive=keepalive(request))
         return JSON(run.body, status_code=run.status, headers=REPLAYED)
     if parsed.stream:
-        return EventStream(run.events(), on_disconnect=run.cancel)
+        return EventStream(run.events(), on_disconnect=run.cancel, keepalive=keepalive(request))
     result = asyncio.ensure_future(run.result())
     gone = asyncio.ensure_future(wait_disconnect(request.receive))
     try:

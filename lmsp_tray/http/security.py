@@ -24,6 +24,12 @@ request passes, in this order:
    ``WWW-Authenticate: Bearer error="insufficient_scope", scope="…"``. Paths
    no route serves still need a valid token (then the router answers
    404/405). Every refusal is written in that API's error shape.
+   **Keyless scopes** (`keyless_scopes` in config.toml, off by default): a
+   request without a valid token — none, or a placeholder such as ``Bearer
+   noop`` that apps written for token-less servers send — is let through
+   when the scope it needs is one of them; it runs as the caller "keyless"
+   (`KEYLESS`), whose stored responses and tasks no token can read. Host
+   and Origin are checked before this, as for everyone.
 4. **Declared body size** — a ``Content-Length`` over the limit → ``413``
    before anything is read (`routes.read_body` also counts while reading,
    for chunked bodies).
@@ -36,7 +42,7 @@ request passes, in this order:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +62,8 @@ from lmsp_tray.http.problems import send_error
 MAX_HEADER_BYTES = 32 * 1024
 MAX_HEADERS = 100
 STATE_TOKEN = "lmsp_token"  # request.state key holding the caller's TokenRecord
+STATE_KEYLESS = "lmsp_keyless"  # request.state key: True when let in by `keyless_scopes`
+KEYLESS = "keyless"  # the caller a keyless request runs as
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
 REALM = 'Bearer realm="lmsp"'
@@ -119,11 +127,22 @@ def bearer(headers: list[tuple[bytes, bytes]]) -> str | None:
 class SecurityMiddleware:
     """Host, Origin/CORS, bearer token and scope, and the declared body size — before any route runs."""
 
-    def __init__(self, app: Any, *, tokens: TokenManager, policy: SecurityPolicy, apis: Sequence[Api]) -> None:
+    def __init__(
+        self,
+        app: Any,
+        *,
+        tokens: TokenManager,
+        policy: SecurityPolicy,
+        apis: Sequence[Api],
+        keyless: Callable[[], Iterable[str]] | None = None,
+    ) -> None:
+        """`keyless()` names the scopes granted without a valid token now (read per request, so a
+        change of settings applies at once)."""
         self.app = app
         self.tokens = tokens
         self.policy = policy
         self.apis = list(apis)
+        self.keyless = keyless
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -174,8 +193,15 @@ class SecurityMiddleware:
                 return
 
         send_out = _with_headers(send, cors) if cors else send
+        needed = api.required_scope(scope["method"], scope["path"])
         try:
-            token = self._authorize(api.required_scope(scope["method"], scope["path"]), headers)
+            try:
+                token = self._authorize(needed, headers)
+            except (Unauthorized, InsufficientScope):
+                if not self._keyless_grants(needed):
+                    raise
+                token = None
+                scope.setdefault("state", {})[STATE_KEYLESS] = True
             self._check_declared_size(headers)
         except LMSPError as exc:
             await refuse(exc, send_out)
@@ -202,6 +228,14 @@ class SecurityMiddleware:
                 headers={"WWW-Authenticate": f'Bearer error="insufficient_scope", scope="{needed}"'},
             )
         return token
+
+    def _keyless_grants(self, needed: str | None) -> bool:
+        """Whether `keyless_scopes` lets a request without a valid token in (a path no route serves:
+        when any scope is granted, so the router answers 404 rather than 401)."""
+        if self.keyless is None:
+            return False
+        granted = set(self.keyless())
+        return bool(granted) and (needed is None or needed in granted)
 
     def _check_declared_size(self, headers: list[tuple[bytes, bytes]]) -> None:
         for k, v in headers:
@@ -231,5 +265,10 @@ def _with_headers(send: Any, extra: list[tuple[bytes, bytes]]) -> Any:
 
 
 def token_of(request: Any) -> TokenRecord | None:
-    """The token that authorized this request (None on public endpoints)."""
+    """The token that authorized this request (None on public endpoints and keyless requests)."""
     return request.scope.get("state", {}).get(STATE_TOKEN)
+
+
+def keyless_of(request: Any) -> bool:
+    """Whether this request came in without a valid token, by `keyless_scopes`."""
+    return bool(request.scope.get("state", {}).get(STATE_KEYLESS))

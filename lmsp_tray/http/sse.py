@@ -1,12 +1,24 @@
 """Server-sent events: encoding, keep-alive comments, and stopping work when the client leaves.
 
 `EventStream` is a small ASGI response. It sends each event the moment it
-is produced (no buffering), writes `: keep-alive` after 15 s of silence,
-and watches the connection: when the client disconnects it calls
+is produced (no buffering), writes a `: keep-alive` comment line after 15 s
+of silence (configurable: `sse_keepalive` in config.toml), and watches the
+connection: when the client disconnects it calls
 `on_disconnect` at once (so generation stops within one decode step) and
 closes the event source. Events must end with a terminal one; if the
 source fails anyway, the stream still ends with an `error` event rather
 than a broken connection.
+
+The keep-alive is one comment line with no blank line after it. A blank line
+ends an event, and clients that keep the last event id across events (as
+the SSE spec says, and as the OpenAI Python SDK does) dispatch an *empty*
+event when a blank line follows a comment after an event that had an `id:`
+— the SDK then fails parsing its empty data as JSON. A lone comment line is
+skipped by every parser and still keeps proxies and idle timers awake.
+
+The framing is the caller's: LMSP's `id:` / `event:` / `data:` by default,
+or, for OpenAI's chat completions, bare `data:` lines and a closing
+`data: [DONE]` (`encode`, `trailer`).
 """
 
 from __future__ import annotations
@@ -24,7 +36,7 @@ from lmsp_tray.protocol.events import Event, error_event
 log = logging.getLogger("lmsp_tray.http")
 
 KEEPALIVE_SECONDS = 15.0
-KEEPALIVE = b": keep-alive\n\n"
+KEEPALIVE = b": keep-alive\n"  # no blank line after it: see the module docstring
 
 
 def encode_event(event: Event) -> bytes:
@@ -40,11 +52,15 @@ class EventStream:
         on_disconnect: Callable[[], None] | None = None,
         headers: dict[str, str] | None = None,
         keepalive: float = KEEPALIVE_SECONDS,
+        encode: Callable[[Event], bytes] = encode_event,
+        trailer: bytes = b"",
     ) -> None:
+        self._encode = encode  # how an event is written (`/v1` writes OpenAI's, without `id:` lines)
         self._events = events
         self._on_disconnect = on_disconnect
         self._headers = headers or {}
         self._keepalive = keepalive
+        self._trailer = trailer  # written after the last event of a stream that ended normally
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         headers = [
@@ -76,9 +92,11 @@ class EventStream:
                 finally:
                     pending = None
                 last_id = event.id
-                await send({"type": "http.response.body", "body": encode_event(event), "more_body": True})
+                await send({"type": "http.response.body", "body": self._encode(event), "more_body": True})
                 if event.terminal:
                     break
+            if self._trailer:
+                await send({"type": "http.response.body", "body": self._trailer, "more_body": True})
         except _ClientGone:
             if self._on_disconnect is not None:
                 self._on_disconnect()
@@ -94,7 +112,7 @@ class EventStream:
                 await send(
                     {
                         "type": "http.response.body",
-                        "body": encode_event(error_event(last_id + 1, problem)),
+                        "body": self._encode(error_event(last_id + 1, problem)),
                         "more_body": True,
                     }
                 )

@@ -15,7 +15,7 @@ from starlette.responses import Response
 
 from lmsp_tray.errors import InvalidRequest, ServiceUnavailable
 from lmsp_tray.http.api import Scoped
-from lmsp_tray.http.routes import JSON, REPLAYED, caller_of, idempotency_key, read_response_create
+from lmsp_tray.http.routes import JSON, REPLAYED, caller_of, idempotency_key, keepalive, read_response_create
 from lmsp_tray.http.sse import EventStream
 from lmsp_tray.serving.conversations import Conversations
 from lmsp_tray.serving.tasks import TaskManager, task_object
@@ -88,7 +88,7 @@ async def list_tasks(request: Request) -> Response:
 async def task_events(request: Request) -> EventStream:
     after = resume_point(request)
     events = await _tasks(request).open_events(request.path_params["task_id"], after, caller=caller_of(request))
-    return EventStream(events)
+    return EventStream(events, keepalive=keepalive(request))
 
 
 def resume_point(request: Request) -> int:

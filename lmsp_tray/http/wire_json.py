@@ -12,12 +12,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from lmsp_tray.protocol.strict_json import safe_text
+
 _LINE_BREAKERS = str.maketrans({"\u0085": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
 
 def dumps(value: Any) -> str:
-    """Compact JSON text, non-ASCII kept as UTF-8 except the three line breakers above."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).translate(_LINE_BREAKERS)
+    """Compact JSON text, non-ASCII kept as UTF-8 except the three line breakers above.
+
+    A lone surrogate (a string that is not Unicode) goes out as U+FFFD: the request decoder refuses
+    them, so this only guards what was stored before it did — one bad value never breaks a listing."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    if not text.isascii():
+        text = safe_text(text).translate(_LINE_BREAKERS)
+    return text
 
 
 def dumpb(value: Any) -> bytes:

@@ -77,6 +77,7 @@ class _OpenItem:
     index: int
     item: dict[str, Any]
     text: list[str] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] | None = None  # of a message's tokens, when the request asked for them
 
 
 class ResponseAssembler:
@@ -88,8 +89,15 @@ class ResponseAssembler:
     """
 
     def __init__(
-        self, model: str, *, response_id: str | None = None, created_at: int | None = None, first_event_id: int = 1
+        self,
+        model: str,
+        *,
+        response_id: str | None = None,
+        created_at: int | None = None,
+        first_event_id: int = 1,
+        fields: dict[str, Any] | None = None,
     ) -> None:
+        self.fields = dict(fields or {})  # more fields the response object carries (the request echoed on /v1)
         self.response_id = response_id or new_id("resp")
         self.model = model
         self.created_at = int(time.time()) if created_at is None else created_at
@@ -142,7 +150,7 @@ class ResponseAssembler:
 
     # -- the response object ------------------------------------------------------------------
     def response(self) -> dict[str, Any]:
-        return {
+        base = {
             "id": self.response_id,
             "object": "response",
             "created_at": self.created_at,
@@ -153,6 +161,9 @@ class ResponseAssembler:
             "error": self.error,
             "incomplete_details": self.incomplete_details,
         }
+        if self.fields:
+            base.update({k: copy.deepcopy(v) for k, v in self.fields.items() if k not in base})
+        return base
 
     @property
     def finished(self) -> bool:
@@ -178,13 +189,18 @@ class ResponseAssembler:
         self.started = True
         return [self._event("response.created", status="in_progress", response=self.response())]
 
-    def text(self, delta: str) -> list[Event]:
-        """Append assistant message text (opens a message item if none is open)."""
+    def text(self, delta: str, *, logprobs: list[dict[str, Any]] | None = None) -> list[Event]:
+        """Append assistant message text (opens a message item if none is open); `logprobs`, OpenAI's
+        `{token, logprob, bytes, top_logprobs}` of the tokens behind it, go with the delta and the part."""
         if not delta:
             return []
         events = self._ensure_open("message")
         assert self._open is not None
         self._open.text.append(delta)
+        extra: dict[str, Any] = {}
+        if logprobs is not None:
+            self._open.logprobs = (self._open.logprobs or []) + logprobs
+            extra["logprobs"] = logprobs
         events.append(
             self._event(
                 "response.output_text.delta",
@@ -192,6 +208,7 @@ class ResponseAssembler:
                 output_index=self._open.index,
                 content_index=0,
                 delta=delta,
+                **extra,
             )
         )
         return events
@@ -253,6 +270,8 @@ class ResponseAssembler:
         events: list[Event] = []
         if item["type"] == "message":
             item["content"] = [{"type": "output_text", "text": text, "annotations": []}]
+            if open_.logprobs is not None:
+                item["content"][0]["logprobs"] = open_.logprobs
             events.append(
                 self._event(
                     "response.output_text.done",

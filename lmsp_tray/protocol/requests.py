@@ -16,10 +16,11 @@ loop for a `large` request, so a long history never holds up other streams.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from lmsp_tray.errors import InvalidRequest, UnsupportedCapability
 
@@ -27,7 +28,9 @@ RESERVED_CONTENT = frozenset(
     {"input_image", "input_audio", "input_file", "image", "image_url", "audio", "file", "input_video"}
 )
 MAX_STOP_SEQUENCES = 8
+MAX_C_INT = 2**31 - 1  # what llama.cpp's int parameters hold
 LARGE_REQUEST_CHARS = 16_000  # from this size on, a request is prepared off the event loop
+INPUT_BATCH = 256  # a longer `input` is validated this many items at a time (`_validate_input`)
 
 
 class _Edge(BaseModel):
@@ -147,7 +150,7 @@ class LmspTrayOptions(_Edge):
 
     seed: int | None = Field(default=None, ge=0, le=2**32 - 2)
     top_p: float | None = Field(default=None, ge=0, le=1)
-    top_k: int | None = Field(default=None, ge=0)
+    top_k: int | None = Field(default=None, ge=0, le=MAX_C_INT)
     min_p: float | None = Field(default=None, ge=0, le=1)
     stop: list[str] | None = None
     repeat_penalty: float | None = Field(default=None, gt=0, le=10)
@@ -167,6 +170,13 @@ class LmspTrayOptions(_Edge):
         return value
 
 
+class TextOptions(_Edge):
+    """`text`: Responses-style output options; `format` is the response format."""
+
+    format: ResponseFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+
 class ResponseCreate(_Edge):
     model: str = Field(min_length=1)
     input: list[InputItem]
@@ -176,12 +186,26 @@ class ResponseCreate(_Edge):
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
     response_format: ResponseFormat | None = None
-    text: dict[str, Any] | None = None
+    text: TextOptions | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     store: bool = False
     previous_response_id: str | None = None
     extensions: dict[str, Any] = Field(default_factory=dict)
+    # Fields of OpenAI's Responses API this service does not act on: accepted when well-typed, so a
+    # client's mistake is a 400 naming the field instead of being ignored silently.
+    metadata: dict[str, str] | None = None
+    parallel_tool_calls: bool | None = None
+    user: str | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    include: list[str] | None = None
+    reasoning: dict[str, Any] | None = None
+    max_tool_calls: int | None = Field(default=None, ge=1)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    service_tier: str | None = None
+    background: bool | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
 
     @field_validator("input", mode="before")
     @classmethod
@@ -201,6 +225,26 @@ class ResponseCreate(_Edge):
     @classmethod
     def _extensions(cls, value: Any) -> Any:
         return {} if value is None else value
+
+
+_INPUT_ITEMS: TypeAdapter[list[InputItem]] = TypeAdapter(list[InputItem], config=ConfigDict(strict=True))
+
+
+def _validate_input(items: list[Any]) -> list[Any]:
+    """A long `input` validated `INPUT_BATCH` items at a time, letting other threads run between batches.
+
+    Validation runs in compiled code that holds the GIL throughout: 20,000 messages (an 8 MiB body)
+    held it ~200 ms at once, and with it the event loop and every stream's next token. A large body
+    is validated on a worker thread; `time.sleep(0)` there hands the GIL back between batches."""
+    out: list[Any] = []
+    for start in range(0, len(items), INPUT_BATCH):
+        if start:
+            time.sleep(0)
+        try:
+            out.extend(_INPUT_ITEMS.validate_python(items[start : start + INPUT_BATCH]))
+        except ValidationError as exc:
+            raise _translate(exc, prefix=("input",), offset=start) from None
+    return out
 
 
 class _Reserved(ValueError):
@@ -244,6 +288,15 @@ class Tool:
     parameters: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class RawPrompt:
+    """A plain completion (`POST /v1/completions`): text continued as it is, no chat template; with a
+    `suffix`, the model fills in the middle between `prompt` and `suffix` with its FIM tokens."""
+
+    prompt: str
+    suffix: str | None = None
+
+
 @dataclass
 class ResponseRequest:
     """A validated request, independent of HTTP and pydantic."""
@@ -259,6 +312,8 @@ class ResponseRequest:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     repeat_penalty: float | None = None
+    presence_penalty: float = 0.0  # OpenAI's penalties (chat completions), applied by llama.cpp's penalties sampler
+    frequency_penalty: float = 0.0
     keep_alive: float | str | None = None
     reasoning: bool | None = None
     json_schema: dict[str, Any] | None = None  # response_format json_schema's schema
@@ -270,6 +325,9 @@ class ResponseRequest:
     raw: dict[str, Any] = field(default_factory=dict)  # the body as received (for storage/idempotency)
     input_items: list[dict[str, Any]] = field(default_factory=list)  # `input` as sent, as items (when `store`)
     size: int = 0  # characters of text, arguments, outputs and schemas (see the module docstring)
+    response_fields: dict[str, Any] = field(default_factory=dict)  # more fields its response object echoes (/v1)
+    completion: RawPrompt | None = None  # a plain completion: `items` is empty and no template is used
+    logprobs: int | None = None  # report each output token's log probability and this many alternatives
 
     @property
     def large(self) -> bool:
@@ -306,10 +364,14 @@ def parse_response_create(body: Any) -> ResponseRequest:
     """Validate a decoded JSON body into a `ResponseRequest`, or raise a typed LMSP error."""
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
+    raw_input = body.get("input")
+    batched = isinstance(raw_input, list) and len(raw_input) > INPUT_BATCH
     try:
-        edge = ResponseCreate.model_validate(body)
+        edge = ResponseCreate.model_validate({**body, "input": []} if batched else body)
     except ValidationError as exc:
         raise _translate(exc) from None
+    if batched:
+        edge.input = _validate_input(ResponseCreate._input(raw_input))
     ext = edge.extensions.get("lmsp_tray")
     try:
         opts = LmspTrayOptions.model_validate(ext or {})
@@ -333,11 +395,8 @@ def parse_response_create(body: Any) -> ResponseRequest:
         # reasoning items sent back are context the model does not need again
 
     fmt = edge.response_format
-    if fmt is None and edge.text and isinstance(edge.text.get("format"), dict):
-        try:
-            fmt = ResponseFormat.model_validate(edge.text["format"])
-        except ValidationError as exc:
-            raise _translate(exc, prefix=("text", "format")) from None
+    if fmt is None and edge.text is not None:
+        fmt = edge.text.format
     tool_choice: str | dict[str, str] = "auto"
     if isinstance(edge.tool_choice, NamedToolChoice):
         tool_choice = {"type": "function", "name": edge.tool_choice.name}
@@ -383,14 +442,18 @@ _TAGS = frozenset(
 )
 
 
-def _translate(exc: ValidationError, prefix: tuple[Any, ...] = ()) -> Exception:
-    """The first pydantic error as a problem naming the field (`input[0].content[1].text`)."""
+def _translate(exc: ValidationError, prefix: tuple[Any, ...] = (), offset: int = 0) -> Exception:
+    """The first pydantic error as a problem naming the field (`input[0].content[1].text`); `offset`
+    is added to the first index (a batch of a long list, validated apart)."""
     err = exc.errors(include_url=False)[0]
     ctx_error = (err.get("ctx") or {}).get("error")
-    loc = prefix + tuple(err.get("loc") or ())
+    loc = tuple(err.get("loc") or ())
+    if offset and loc and isinstance(loc[0], int):
+        loc = (loc[0] + offset, *loc[1:])
+    loc = prefix + loc
     param = _param(loc)
     if isinstance(ctx_error, _Reserved):
-        where = f"{param}[{ctx_error.index}]" if param else None
+        where = f"{param}[{ctx_error.index}]" if param else None  # the content part's index
         return UnsupportedCapability(
             f"Content type '{ctx_error.kind}' is reserved in LMSP 1.0; this service accepts text only.",
             param=where,

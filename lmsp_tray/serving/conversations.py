@@ -23,7 +23,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from lmsp_tray.errors import ContextLengthExceeded, InputTooLong, LMSPError, ResponseNotFound
+from lmsp_tray.errors import ContextLengthExceeded, InputTooLong, LMSPError, ResponseNotFound, quote
 from lmsp_tray.protocol.requests import Item, ResponseRequest, items_size, parse_response_create
 from lmsp_tray.serving import storage
 from lmsp_tray.store import Database, stored_responses
@@ -103,7 +103,7 @@ class Conversations:
         found = await storage.read(self.db, stored_responses.get, response_id, owner=owner)
         if found is None:
             raise ResponseNotFound(
-                f"No stored response '{response_id}'. Only responses created with \"store\": true are kept."
+                f'No stored response {quote(response_id)}. Only responses created with "store": true are kept.'
             )
         return found.response
 
@@ -112,11 +112,11 @@ class Conversations:
         found = await storage.read(self.db, stored_responses.get, response_id, owner=owner)
         if found is None:
             raise ResponseNotFound(
-                f"No stored response '{response_id}'. Only responses created with \"store\": true are kept."
+                f'No stored response {quote(response_id)}. Only responses created with "store": true are kept.'
             )
         return list(found.input_items)
 
     async def delete(self, response_id: str, *, owner: str | None = None) -> dict[str, Any]:
         if not await storage.write(self.db, stored_responses.delete, response_id, owner=owner):
-            raise ResponseNotFound(f"No stored response '{response_id}'.")
+            raise ResponseNotFound(f"No stored response {quote(response_id)}.")
         return {"id": response_id, "object": "response.deleted", "deleted": True}

@@ -142,6 +142,16 @@ class DownloadTasks:
         with self._lock:
             return [r.status for r in self._runs.values()]
 
+    def cancel_soon(self, task_id: str) -> bool:
+        """Ask a running download to stop (from any thread: the tray); it ends ``cancelled`` as through
+        `POST /tasks/{id}/cancel`. False when this process runs no such download."""
+        with self._lock:
+            run = self._runs.get(task_id)
+        if run is None:
+            return False
+        run.token.cancel("cancelled")
+        return True
+
     def _set_status(self, run: _Run, **changes: Any) -> None:
         with self._lock:
             run.status = replace(run.status, **changes)

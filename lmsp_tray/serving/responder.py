@@ -24,15 +24,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from lmsp_tray.errors import IdempotencyKeyReused, LMSPError
+from lmsp_tray.errors import IdempotencyKeyReused, InternalError, LMSPError
 from lmsp_tray.protocol.events import Event
 from lmsp_tray.protocol.requests import ResponseRequest
+from lmsp_tray.serving import storage
 from lmsp_tray.serving.conversations import Conversations, PreparedRequest
 from lmsp_tray.serving.replay import ANONYMOUS, Caller, Claim, Idempotency, Replay, background
 from lmsp_tray.serving.running import Responses, Run
 from lmsp_tray.store import Database, event_log, stored_responses
 from lmsp_tray.store import idempotency_keys as idempotency
-from lmsp_tray.store.errors import EventSequenceError
+from lmsp_tray.store.errors import EventSequenceError, StoreError
 
 log = logging.getLogger("lmsp_tray.serving.responder")
 
@@ -58,6 +59,7 @@ class Started:
         self._idempotency = idempotency
         self._log_events = claim is not None and prepared.request.stream
         self.saved = False  # the final write committed
+        self.store_error: LMSPError | None = None  # `store: true` and the response could not be stored
 
     @property
     def response_id(self) -> str:
@@ -72,7 +74,7 @@ class Started:
         try:
             async for event in self.run.events():
                 if event.terminal:
-                    await self._final_write(event)
+                    event = await self._final_write(event)
                     done = True
                 elif self._log_events and self._db is not None:
                     background(
@@ -87,14 +89,18 @@ class Started:
         """Run to the end (sync request); a failure raises its LMSP error after the response was stored."""
         async for _ in self.events():
             pass
+        if self.store_error is not None:
+            raise self.store_error
         if self.run.error is not None:
             raise self.run.error
         return self.run.assembler.response()
 
-    async def _final_write(self, terminal: Event) -> None:
+    async def _final_write(self, terminal: Event) -> Event:
+        """Commit what the response leaves behind; the terminal event to send (a failure when a
+        response the client asked to store could not be: it was told nothing is kept)."""
         db = self._db
         if db is None or not (self.prepared.store or self._claim is not None):
-            return
+            return terminal
         response = self.run.assembler.response()
         stored = self.prepared.stored(response) if self.prepared.store else None
         claim = self._claim
@@ -108,10 +114,18 @@ class Started:
         try:
             await db.awrite(_finish_response, self.response_id, log_row, stored, claim, result)
             self.saved = True
-        except Exception:
-            log.exception("could not save response %s", self.response_id)
+        except Exception as exc:  # noqa: BLE001 - any failure: the client must not be told it is stored
+            log.error("could not save response %s: %s", self.response_id, exc)
             self._give_up()
+            if stored is not None:
+                self.store_error = (
+                    storage.lmsp_error(exc)
+                    if isinstance(exc, StoreError)
+                    else InternalError("The response could not be stored; it has been logged.")
+                )
+                terminal = _failed(terminal, self.store_error)
         self._claim = None  # finished or released: nothing left to do in `finally`
+        return terminal
 
     def _give_up(self) -> None:
         """Release the key and close the stream's log (housekeeping expires it), without waiting."""
@@ -138,6 +152,21 @@ def _finish_response(
             idempotency.finish(conn, claim.scope, claim.key, result)
         else:
             idempotency.abandon(conn, claim.scope, claim.key)
+
+
+def _failed(terminal: Event, error: LMSPError) -> Event:
+    """`terminal` as `response.failed` with `error`, under the same id: what the client is told instead."""
+    problem = error.to_problem()
+    response = {**terminal.data.get("response", {}), "status": "failed", "error": problem}
+    data = {
+        "type": "response.failed",
+        "sequence_number": terminal.id,
+        "response_id": terminal.data.get("response_id"),
+        "status": "failed",
+        "error": problem,
+        "response": response,
+    }
+    return Event(terminal.id, "response.failed", data)
 
 
 @dataclass

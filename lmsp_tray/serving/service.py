@@ -28,8 +28,7 @@ from lmsp_tray.chat.parser import OutputParser, ParserConfig, apply
 from lmsp_tray.chat.plan import ChatPlan, OutputSpec, build_plan, prepare
 from lmsp_tray.config import Config, ConfigError, parse_duration
 from lmsp_tray.discovery.entry import ModelEntry
-from lmsp_tray.engine.jobs import CANCELLED, CONTEXT, ERROR, LENGTH, Finish, GenerationJob, GrammarOn
-from lmsp_tray.engine.load_plan import context_window
+from lmsp_tray.engine.jobs import CANCELLED, CONTEXT, ERROR, LENGTH, Finish, GenerationJob, GrammarOn, TokenLogprob
 from lmsp_tray.engine.loaded import LoadedModel
 from lmsp_tray.engine.manager import ModelManager
 from lmsp_tray.engine.sampling import (
@@ -50,9 +49,10 @@ from lmsp_tray.errors import (
     ModelNotFound,
     ServiceUnavailable,
     UnsupportedCapability,
+    quote,
 )
 from lmsp_tray.protocol.events import Event, ResponseAssembler
-from lmsp_tray.protocol.requests import ResponseRequest
+from lmsp_tray.protocol.requests import RawPrompt, ResponseRequest
 
 log = logging.getLogger("lmsp_tray.serving.service")
 
@@ -111,6 +111,7 @@ class ResponseRun:
         self.error: LMSPError | None = None
         self.finish: Finish | None = None  # how generation ended (cached_tokens: prompt reused from KV cache)
         self._cancel_error: LMSPError | None = None
+        self._logprobs: list[dict[str, Any]] = []  # of tokens whose text has not come through yet
         # For the activity view: when it started and first produced text, and the text pieces so far
         # (about one per token; the final count is `finish.output_tokens`).
         self.created = time.monotonic()
@@ -139,8 +140,11 @@ class ResponseRun:
                     if self.first_output is None:
                         self.first_output = time.monotonic()
                     self.pieces += 1
-                    for event in apply(asm, self._parser.feed(item)):
+                    for event in self._text(item):
                         yield event
+                    continue
+                if isinstance(item, TokenLogprob):
+                    self._logprobs.append(_logprob_entry(item))
                     continue
                 if isinstance(item, GrammarOn):
                     self._parser.grammar_on()
@@ -156,6 +160,22 @@ class ResponseRun:
                 self.job.cancel()  # consumer went away: stop generating within one step
             if self._on_done is not None:
                 self._on_done(self)
+
+    def _text(self, text: str) -> list[Event]:
+        """The events of a text delta; a plain-text answer's deltas carry the log probabilities of the tokens
+        behind them (asked for with `logprobs`; thinking and tool calls are parsed out of the text, so their
+        tokens have none)."""
+        ops = self._parser.feed(text)
+        if not self._parser.passthrough or not self._logprobs:
+            self._logprobs.clear()
+            return apply(self.assembler, ops)
+        taken, self._logprobs = self._logprobs, []
+        events: list[Event] = []
+        for kind, payload in ops:
+            if kind == "text":
+                events += self.assembler.text(payload, logprobs=taken)
+                taken = []
+        return events
 
     def _terminal(self, finish: Finish) -> list[Event]:
         asm = self.assembler
@@ -216,7 +236,7 @@ class Service:
         entry = self.catalog.resolve(model_id)
         if entry is None:
             raise ModelNotFound(
-                f"No model '{model_id}' is available. GET /lmsp/v1/models lists the models this service found.",
+                f"No model {quote(model_id)} is available. GET /lmsp/v1/models lists the models this service found.",
                 param=param,
             )
         return entry
@@ -237,7 +257,7 @@ class Service:
             "architecture": info.architecture if info else None,
             "parameters": info.size_label if info else None,
             "quantization": info.quantization if info else None,
-            "context_length": loaded.context_length if loaded else context_window(entry, self.config.context_cap),
+            "context_length": loaded.context_length if loaded else self.models.context_window(entry),
             "size_bytes": entry.size_bytes,
             "capabilities": self.model_capabilities(entry),
             "state": state,
@@ -247,6 +267,9 @@ class Service:
         ext: dict[str, Any] = {"path": str(entry.path), "file_name": entry.path.name}
         if entry.error:
             ext["file_error"] = entry.error  # the file itself cannot be used (not a failed load)
+        progress = self.models.load_progress(entry.id)
+        if progress is not None:  # loading: how much of the weights has been read
+            ext["load_progress"] = round(progress, 3)
         if loaded is not None:
             p = loaded.placement
             ext.update(
@@ -328,7 +351,7 @@ class Service:
         if self._closing:  # shutdown began while this request was being prepared
             job.cancel()
             raise ServiceUnavailable("The service is shutting down; send the request again once it is back.")
-        assembler = ResponseAssembler(entry.id, response_id=response_id)
+        assembler = ResponseAssembler(entry.id, response_id=response_id, fields=request.response_fields)
         run = ResponseRun(assembler, job, queue, on_done=self._run_done, parser=plan.parser())
         self._runs.add(run)
         return run
@@ -364,6 +387,12 @@ class Service:
 
     def _check_capabilities(self, entry: ModelEntry, request: ResponseRequest) -> None:
         caps = set(self.model_capabilities(entry))
+        if "text" not in caps and "embeddings" in caps:
+            raise UnsupportedCapability(
+                f"'{entry.id}' is an embedding model: it does not generate text. Use it with POST /v1/embeddings, "
+                f"or choose a chat model.",
+                param="model",
+            )
         if request.tools and request.tool_choice != "none" and "tools" not in caps:
             raise UnsupportedCapability(f"'{entry.id}' does not support tools.", param="tools")
         if (request.json_schema is not None or request.json_object) and "structured_output" not in caps:
@@ -385,30 +414,21 @@ class Service:
     def _prompt_tokens(
         self, model: LoadedModel, request: ResponseRequest, spec: OutputSpec
     ) -> tuple[ChatPlan, list[int]]:
-        if not request.items:
-            raise InvalidRequest("'input' must contain at least one item.", param="input")
-        plan = build_plan(model, request, spec)  # prompt for the model's family, grammar, parser
         window = model.context_length
-        floor = token_floor(model.tokenize_prompt, plan.prompt, window)
-        if floor is not None:  # far too long: refused without tokenizing all of it
-            raise InputTooLong(
-                f"The input is at least {floor} tokens; '{model.id}' has a context window of {window} tokens "
-                f"and needs room for at least one output token. Shorten the input.",
-                param="input",
-            )
-        try:
-            tokens = model.tokenize_prompt(plan.prompt, at_most=window)
-        except InputTooLong:
-            raise
-        except ContextLengthExceeded as exc:  # the model's own bound (the text's bytes over its longest piece)
-            raise InputTooLong(exc.detail, param="input") from None
+        if request.completion is not None:
+            plan, tokens = self._completion_tokens(model, request.completion, window)
+        else:
+            if not request.items:
+                raise InvalidRequest("'input' must contain at least one item.", param="input")
+            plan = build_plan(model, request, spec)  # prompt for the model's family, grammar, parser
+            tokens = self._tokenize(model, plan.prompt, window)
         if not tokens:
             raise InvalidRequest("The input renders to an empty prompt.", param="input")
         if len(tokens) >= window:
             raise InputTooLong(
                 f"The input is {len(tokens)} tokens; '{model.id}' has a context window of {window} tokens "
                 f"and needs room for at least one output token. Shorten the input.",
-                param="input",
+                param="input" if request.completion is None else "prompt",
             )
         if request.max_output_tokens is not None and len(tokens) + request.max_output_tokens > window:
             raise ContextLengthExceeded(
@@ -419,6 +439,36 @@ class Service:
             )
         return plan, tokens
 
+    @staticmethod
+    def _tokenize(model: LoadedModel, prompt: str, window: int, param: str = "input") -> list[int]:
+        floor = token_floor(model.tokenize_prompt, prompt, window)
+        if floor is not None:  # far too long: refused without tokenizing all of it
+            raise InputTooLong(
+                f"The input is at least {floor} tokens; '{model.id}' has a context window of {window} tokens "
+                f"and needs room for at least one output token. Shorten the input.",
+                param=param,
+            )
+        try:
+            return model.tokenize_prompt(prompt, at_most=window)
+        except InputTooLong:
+            raise
+        except ContextLengthExceeded as exc:  # the model's own bound (the text's bytes over its longest piece)
+            raise InputTooLong(exc.detail, param=param) from None
+
+    def _completion_tokens(self, model: LoadedModel, raw: RawPrompt, window: int) -> tuple[ChatPlan, list[int]]:
+        """A plain completion's prompt: the text as it is, or the model's fill-in-the-middle prompt.
+        Its output is plain text (no thinking or call parsing)."""
+        plan = ChatPlan(prompt=raw.prompt)
+        if raw.suffix is None:
+            return plan, self._tokenize(model, raw.prompt, window, param="prompt")
+        if len(raw.prompt) + len(raw.suffix) > window * PROBE_CHARS_PER_TOKEN * 4:
+            raise InputTooLong(
+                f"The prompt and suffix are {len(raw.prompt) + len(raw.suffix):,} characters, far more than the "
+                f"context window of {window} tokens holds. Send less context around the cursor.",
+                param="prompt",
+            )
+        return plan, model.fim_tokens(raw.prompt, raw.suffix)
+
     def _job(
         self, model: LoadedModel, request: ResponseRequest, prompt: list[int], plan: ChatPlan
     ) -> tuple[GenerationJob, asyncio.Queue]:
@@ -426,7 +476,7 @@ class Service:
         queue: asyncio.Queue = asyncio.Queue()
         put = queue.put_nowait
 
-        def sink(item: str | GrammarOn | Finish) -> None:
+        def sink(item: str | GrammarOn | TokenLogprob | Finish) -> None:
             try:
                 loop.call_soon_threadsafe(put, item)
             except RuntimeError:  # the loop has closed (shutdown): nobody is reading any more
@@ -438,6 +488,8 @@ class Service:
             top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
             min_p=DEFAULT_MIN_P if request.min_p is None else request.min_p,
             repeat_penalty=1.0 if request.repeat_penalty is None else request.repeat_penalty,
+            frequency_penalty=request.frequency_penalty,
+            presence_penalty=request.presence_penalty,
             seed=request.seed,
             grammar=plan.grammar,
             grammar_root=plan.grammar_root,
@@ -451,6 +503,7 @@ class Service:
             stop=request.stop,
             grammar_trigger=_lazy_grammar(plan),
             visible_tokens=plan.visible_tokens,
+            logprobs=request.logprobs,
         )
         return job, queue
 
@@ -481,6 +534,15 @@ class Service:
         self._closing = True
         for run in list(self._runs):
             run.cancel()
+
+
+def _logprob_entry(item: TokenLogprob) -> dict[str, Any]:
+    """OpenAI's `{token, logprob, bytes, top_logprobs}` for one token."""
+
+    def one(piece: bytes, logprob: float) -> dict[str, Any]:
+        return {"token": piece.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(piece)}
+
+    return {**one(item.piece, item.logprob), "top_logprobs": [one(p, lp) for p, lp in item.top]}
 
 
 def _lazy_grammar(plan: ChatPlan) -> CallMarkers | None:

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import tomlkit
 import tomlkit.exceptions
 
-from lmsp_tray.config import Config, ConfigError, Paths, config_from_mapping
+from lmsp_tray.config import KEYLESS_ALLOWED, Config, ConfigError, Paths, config_from_mapping
 from lmsp_tray.errors import Conflict, InvalidRequest, ServiceUnavailable
 
 START_AT_LOGIN = "start_at_login"
@@ -42,7 +42,7 @@ class Field:
 
     key: str
     label: str
-    kind: str  # "port" | "folders" | "bool" | "duration" | "int" | "auto_int" | "choice"
+    kind: str  # "port" | "folders" | "bool" | "duration" | "int" | "auto_int" | "choice" | "scopes" (several choices)
     help: str
     applies: str  # "restart" | "now" | "next_load"
     choices: tuple[str, ...] = ()
@@ -86,8 +86,9 @@ FIELDS: tuple[Field, ...] = (
     Field(
         "context_cap",
         "Context cap (tokens)",
-        "int",
-        "The context window is the model's trained length or this, whichever is smaller.",
+        "auto_int",
+        "The context window is the model's trained length or this, whichever is smaller; empty: sized from "
+        "memory (16k tokens or more where it fits, so a coding agent's first request fits).",
         "next_load",
     ),
     Field(
@@ -107,6 +108,15 @@ FIELDS: tuple[Field, ...] = (
         '"auto" uses a GPU when llama.cpp has one; "off" forces the CPU.',
         "next_load",
         ("auto", "off"),
+    ),
+    Field(
+        "keyless_scopes",
+        "Apps without a token",
+        "scopes",
+        "For apps that cannot send a token: what every program on this computer may do without one. "
+        "Leave all unticked unless an app needs it; prefer pairing.",
+        "now",
+        KEYLESS_ALLOWED,
     ),
 )
 FIELD_KEYS = frozenset(f.key for f in FIELDS)
@@ -303,7 +313,7 @@ def _write_atomic(path: Path, text: str) -> None:
     try:
         mode = path.stat().st_mode & 0o777
     except FileNotFoundError:
-        mode = 0o644
+        mode = 0o600  # private to the user, like everything the service keeps
     fd, tmp = tempfile.mkstemp(prefix=".config-", suffix=".toml", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -19,11 +19,13 @@ from lmsp_tray.errors import (
     EventHistoryExpired,
     IdempotencyKeyInProgress,
     IdempotencyKeyReused,
+    InsufficientStorage,
     InternalError,
     InvalidRequest,
     LMSPError,
     ResponseNotFound,
     TaskNotFound,
+    quote,
 )
 from lmsp_tray.store import Database
 from lmsp_tray.store.errors import (
@@ -33,6 +35,7 @@ from lmsp_tray.store.errors import (
     KeyInProgress,
     KeyReused,
     ResponseMissing,
+    StorageFull,
     StoreClosed,
     StoreError,
     TaskMissing,
@@ -59,7 +62,7 @@ def lmsp_error(exc: StoreError) -> LMSPError:
         )
     if isinstance(exc, ResponseMissing):
         return ResponseNotFound(
-            f"No stored response '{exc.response_id}' to continue from: previous_response_id must name a response "
+            f"No stored response {quote(exc.response_id)} to continue from: previous_response_id must name a response "
             f'created with "store": true that has not been deleted.',
             param="previous_response_id",
         )
@@ -70,11 +73,11 @@ def lmsp_error(exc: StoreError) -> LMSPError:
             else "continues a response of another token"
         )
         return ResponseNotFound(
-            f"The conversation ending with {exc.response_id} {reason}.", param="previous_response_id"
+            f"The conversation ending with {quote(exc.response_id)} {reason}.", param="previous_response_id"
         )
     if isinstance(exc, ChainTooLong):
         return ContextLengthExceeded(
-            f"The conversation ending with {exc.response_id} is longer than {exc.max_turns} turns; "
+            f"The conversation ending with {quote(exc.response_id)} is longer than {exc.max_turns} turns; "
             "continue from an earlier response or start a new conversation.",
             param="previous_response_id",
         )
@@ -83,19 +86,29 @@ def lmsp_error(exc: StoreError) -> LMSPError:
             f"The events of {exc.owner_id} are past the retention period; read the result from the task instead."
         )
     if isinstance(exc, TaskMissing):
-        return TaskNotFound(f"No task '{exc.task_id}'. GET /lmsp/v1/tasks lists the tasks that are kept.")
+        return TaskNotFound(f"No task {quote(exc.task_id)}. GET /lmsp/v1/tasks lists the tasks that are kept.")
     if isinstance(exc, UnknownCursor):
         return TaskNotFound(
-            f"No task '{exc.task_id}' to continue the list after; start again without 'after'.", param="after"
+            f"No task {quote(exc.task_id)} to continue the list after; start again without 'after'.", param="after"
         )
     if isinstance(exc, UnknownStatus):
         return InvalidRequest(
-            f"Unknown task status '{exc.status}'; use one of {', '.join(TASK_STATUSES)}.", param="status"
+            f"Unknown task status {quote(exc.status)}; use one of {', '.join(TASK_STATUSES)}.", param="status"
         )
     if isinstance(exc, StoreClosed):
         return InternalError("The service's database is closed: the service is stopping.")
+    if isinstance(exc, StorageFull):
+        return disk_full()
     log.error("store failure: %s", exc, exc_info=exc)
     return InternalError("The service could not read or write its database; it has been logged.")
+
+
+def disk_full() -> InsufficientStorage:
+    """The 507 for a write the full disk refused: nothing of it was kept."""
+    return InsufficientStorage(
+        "The disk holding the service's data is full, so nothing of this request was stored. Free some disk "
+        "space and retry."
+    )
 
 
 async def read(db: Database, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

@@ -45,6 +45,7 @@ from lmsp_tray.errors import (
     ServiceUnavailable,
     TaskNotFound,
     TooManyRequests,
+    quote,
 )
 from lmsp_tray.ids import new_id
 from lmsp_tray.protocol.events import Event
@@ -62,6 +63,7 @@ from lmsp_tray.store.task_rows import RESPONSE, TASK_STATUSES, TaskPage, TaskRec
 log = logging.getLogger("lmsp_tray.serving.tasks")
 
 DEFAULT_MAX_RUNNING = 4
+DEFAULT_MAX_QUEUED_PER_OWNER = 64  # one token's tasks waiting to start; the next one is 429 (config: max_queued_tasks)
 CANCEL_WAIT_S = 10.0
 POLL_S = 0.25  # only for a task this process does not run (never expected)
 MAX_LIST_LIMIT = 100
@@ -165,12 +167,16 @@ class TaskManager:
         idempotency: Idempotency,
         *,
         max_running: int = DEFAULT_MAX_RUNNING,
+        max_queued_per_owner: int | None = DEFAULT_MAX_QUEUED_PER_OWNER,
     ) -> None:
         self.service = service
         self.db = db
         self.conversations = conversations
         self.idempotency = idempotency
         self.max_running = max(1, max_running)
+        self.max_queued_per_owner = max_queued_per_owner  # None: no cap
+        self._owner_of: dict[str, str | None] = {}  # the owner of each task waiting to start
+        self._reserved: collections.Counter[str] = collections.Counter()  # creates between check and queue
         self._feeds: dict[str, TaskFeed] = {}
         self._waiting: collections.deque[str] = collections.deque()
         self._active: dict[str, asyncio.Task] = {}
@@ -191,6 +197,7 @@ class TaskManager:
             if task.id not in self._feeds:
                 self._feeds[task.id] = TaskFeed(task.id)
                 self._waiting.append(task.id)
+                self._owner_of[task.id] = task.owner
         self._dispatch()
 
     def begin_shutdown(self) -> None:
@@ -229,24 +236,51 @@ class TaskManager:
                     raise TaskNotFound("The task this Idempotency-Key created is no longer kept.")
                 return task, True
             claim = outcome
+        owner = caller.owner
+        try:
+            self._reserve_queue_place(owner)  # no await between the count and the reservation
+        except BaseException:
+            if claim is not None:
+                self.idempotency.release(claim)
+            raise
         task_id, response_id = new_id("task"), new_id("resp")
         self._feeds[task_id] = feed = TaskFeed(task_id)  # before the commit: a reader must find it
         try:
-            task = await storage.write(self.db, _create, task_id, request.raw, response_id, caller.owner, claim)
+            task = await storage.write(self.db, _create, task_id, request.raw, response_id, owner, claim)
         except BaseException:
             self._feeds.pop(task_id, None)
             feed.close()
             if claim is not None:
                 self.idempotency.release(claim)
             raise
+        finally:
+            if owner is not None:
+                self._reserved[owner] -= 1
         self._waiting.append(task_id)
+        self._owner_of[task_id] = owner
         self._dispatch()
         return task, False
+
+    def _reserve_queue_place(self, owner: str | None) -> None:
+        """Count a place in the queue for `owner`, or refuse with 429 when its tasks fill its share."""
+        cap = self.max_queued_per_owner
+        if owner is None:
+            return
+        if cap is not None:
+            queued = sum(1 for t in self._waiting if self._owner_of.get(t) == owner) + self._reserved[owner]
+            if queued >= cap:
+                retry = max(1, min(60, queued // self.max_running))
+                raise TooManyRequests(
+                    f"This token already has {queued} tasks waiting to start, its limit (max_queued_tasks = {cap}); "
+                    "wait for some to start, or cancel some, and retry.",
+                    headers={"Retry-After": str(retry)},
+                )
+        self._reserved[owner] += 1
 
     async def get(self, task_id: str, *, caller: Caller = ANONYMOUS) -> TaskRecord:
         task = await storage.read(self.db, task_store.get, task_id, owner=caller.owner)
         if task is None:
-            raise TaskNotFound(f"No task '{task_id}'. GET /lmsp/v1/tasks lists the tasks that are kept.")
+            raise TaskNotFound(f"No task {quote(task_id)}. GET /lmsp/v1/tasks lists the tasks that are kept.")
         return task
 
     async def list_tasks(
@@ -277,6 +311,7 @@ class TaskManager:
         if feed is None or task_id in self._waiting:  # not started: end it here
             if task_id in self._waiting:
                 self._waiting.remove(task_id)
+                self._owner_of.pop(task_id, None)
             await self._end_unstarted(task, "cancelled")
         elif feed.run is not None:
             feed.run.cancel()
@@ -322,6 +357,7 @@ class TaskManager:
     def _dispatch(self) -> None:
         while self._waiting and len(self._active) < self.max_running and not self._stopping:
             task_id = self._waiting.popleft()
+            self._owner_of.pop(task_id, None)
             worker = asyncio.ensure_future(self._run(task_id))
             self._active[task_id] = worker
             worker.add_done_callback(functools.partial(self._worker_done, task_id))
@@ -366,6 +402,7 @@ class TaskManager:
             await asyncio.sleep(min(5.0, max(0.5, float(exc.headers.get("Retry-After", "1")))))
             if not self._stopping and not feed.cancel_requested:
                 self._waiting.appendleft(task_id)
+                self._owner_of[task_id] = task.owner
             elif feed.cancel_requested:
                 await self._end_unstarted(task, "cancelled")
             return

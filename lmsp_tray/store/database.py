@@ -29,6 +29,7 @@ batch, not per event; `benchmarks/store_events.py` prints both modes.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import queue
 import sqlite3
@@ -39,7 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
-from lmsp_tray.store.errors import NotOurDatabase, StoreClosed, StoreError
+from lmsp_tray.private import private_file, tighten
+from lmsp_tray.store.errors import NotOurDatabase, StorageFull, StoreClosed, StoreError
 from lmsp_tray.store.migrations import MIGRATIONS, migrate
 
 log = logging.getLogger(__name__)
@@ -128,11 +130,13 @@ class Database:
     def _open_writer(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fresh = not self.path.exists() or self.path.stat().st_size == 0
+        private_file(self.path, create=True)  # SQLite gives its -wal and -shm the database's mode
         conn = sqlite3.connect(
             str(self.path), isolation_level=None, check_same_thread=False, timeout=self.busy_timeout_s
         )
         try:
             conn.row_factory = sqlite3.Row
+            conn.text_factory = _text
             try:
                 app_id = conn.execute("PRAGMA application_id").fetchone()[0]
             except sqlite3.DatabaseError as exc:
@@ -153,6 +157,7 @@ class Database:
             conn.execute("PRAGMA journal_size_limit = 16777216")  # WAL file shrinks back to 16 MiB
             if app_id == 0:
                 conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            tighten(self.path.with_name(self.path.name + suffix) for suffix in ("-wal", "-shm"))
         except BaseException:
             conn.close()
             raise
@@ -169,6 +174,7 @@ class Database:
             uri, uri=True, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout_s
         )
         conn.row_factory = sqlite3.Row
+        conn.text_factory = _text
         conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
         conn.execute("PRAGMA query_only = ON")
         with self._readers_lock:
@@ -223,7 +229,7 @@ class Database:
                 self._rollback()
                 for w in group:
                     if not w.future.done():
-                        w.future.set_exception(exc)
+                        w.future.set_exception(self._as_store_error(exc))
 
     def _run_group(self, group: list[_Write]) -> None:
         if len(group) == 1:
@@ -244,7 +250,7 @@ class Database:
                 w.future.set_result(value)
             else:
                 self.stats.failed += 1
-                w.future.set_exception(value)
+                w.future.set_exception(self._as_store_error(value))
 
     def _try_group(self, group: list[_Write]) -> list[tuple[_Write, bool, Any]]:
         conn = self._conn
@@ -286,12 +292,21 @@ class Database:
         except Exception as exc:  # noqa: BLE001 - handed to the caller through its future
             self._rollback()
             self.stats.failed += 1
-            w.future.set_exception(exc)
+            w.future.set_exception(self._as_store_error(exc))
             return
         self.stats.transactions += 1
         self.stats.writes += 1
         self.stats.largest_group = max(self.stats.largest_group, 1)
         w.future.set_result(value)
+
+    def _as_store_error(self, exc: BaseException) -> BaseException:
+        """SQLite's "database or disk is full" (or the OS's ENOSPC/EDQUOT) as `StorageFull`."""
+        if isinstance(exc, StorageFull) or not _disk_full(exc):
+            return exc
+        log.error("store writer: the disk holding %s is full; the write was not kept", self.path)
+        full = StorageFull(self.path)
+        full.__cause__ = exc
+        return full
 
     def _rollback(self) -> None:
         if self._conn.in_transaction:
@@ -367,6 +382,19 @@ class Database:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _text(data: bytes) -> str:
+    """A TEXT value as str: bytes that are not UTF-8 (written by something else, or by an older
+    version) read as U+FFFD instead of failing the whole read, so one bad value never breaks a listing."""
+    return data.decode("utf-8", errors="replace")
+
+
+def _disk_full(exc: BaseException) -> bool:
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        return code == sqlite3.SQLITE_FULL or "database or disk is full" in str(exc)
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def _has_foreign_tables(conn: sqlite3.Connection) -> bool:

@@ -10,6 +10,7 @@ attributes, so no caller has to read its message.
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 
@@ -31,6 +32,20 @@ class SchemaTooNew(StoreError):
 
 class NotOurDatabase(StoreError):
     """The file is not an SQLite database, or belongs to another application."""
+
+
+class StorageFull(StoreError, OSError):
+    """The disk (or quota) holding the database is full: nothing of the write was kept.
+
+    Also an `OSError` with `errno.ENOSPC`, so a layer that knows nothing of the store treats it as it
+    treats any other full disk."""
+
+    def __init__(self, path: Path) -> None:
+        OSError.__init__(self, errno.ENOSPC, f"the disk holding {path} is full", str(path))
+        self.path = path
+
+    def __str__(self) -> str:
+        return f"the disk holding {self.path} is full"
 
 
 class StoreClosed(StoreError):

@@ -246,7 +246,11 @@ def list_tasks(
         where.append("owner = ?")
         params.append(owner)
     if after is not None:
-        anchor = conn.execute("SELECT created_at, id FROM tasks WHERE id = ?", (after,)).fetchone()
+        # Another owner's task is no cursor for this one: the same refusal as an unknown id (no oracle).
+        anchor = conn.execute(
+            "SELECT created_at, id FROM tasks WHERE id = ?" + ("" if owner is None else " AND owner = ?"),
+            (after,) if owner is None else (after, owner),
+        ).fetchone()
         if anchor is None:
             raise UnknownCursor(after)
         where.append("(created_at, id) < (?, ?)")

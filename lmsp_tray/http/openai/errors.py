@@ -14,24 +14,9 @@ import json
 from starlette.responses import Response
 
 from lmsp_tray.errors import LMSPError
+from lmsp_tray.protocol.openai_chunks import error_type  # OpenAI's `type` by HTTP status
 
-# OpenAI's `type` by HTTP status (the SDKs pick their exception class from the status itself).
-_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "invalid_request_error",
-    405: "invalid_request_error",
-    409: "invalid_request_error",
-    410: "invalid_request_error",
-    413: "invalid_request_error",
-    422: "invalid_request_error",
-    429: "rate_limit_error",
-}
-
-
-def error_type(status: int) -> str:
-    return _TYPES.get(status, "server_error")
+__all__ = ["OPENAI_ERRORS", "OpenAIErrors", "error_body", "error_type"]
 
 
 def error_body(error: LMSPError) -> dict[str, object]:

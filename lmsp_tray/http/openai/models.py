@@ -35,6 +35,7 @@ def model_object(model: dict[str, Any]) -> dict[str, Any]:
         "created": created,
         "owned_by": model.get("source") or "lmsp-tray",
         "context_length": model.get("context_length"),
+        "capabilities": model.get("capabilities"),  # e.g. ["embeddings"] for an embedding model
     }
 
 

@@ -1,0 +1,232 @@
+"""The embedding model's scheduler: one thread that packs many inputs into few decodes.
+
+An embedding model (BERT and its kin, or any GGUF with a pooling type) does
+not generate: each input is one sequence, evaluated once, and its pooled
+output is the vector. So instead of `scheduler.Scheduler`'s slots, this
+thread keeps a FIFO of waiting inputs — from every request, in order — and
+each decode takes as many as fit: at most `max_sequences` sequences and
+`batch_tokens` tokens (for an encoder llama.cpp must see every sequence
+whole in one micro-batch, and aborts the process otherwise, so an input never
+spans two decodes and the service refuses an input longer than the window
+before it gets here). Every token is an output (llama.cpp wants that in
+embedding mode); the vector is llama.cpp's pooled one (`mean`, `cls`,
+`last`, as the GGUF says), or the mean of the token vectors for a model
+whose pooling is `none`, then L2-normalised.
+
+A request's `done` is called once, when its last input is embedded, on this
+thread (a model process sends the reply from there).
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import llama_cpp
+import numpy as np
+
+from lmsp_tray.engine.admission import too_many, unloading
+from lmsp_tray.engine.embedding import POOLING_NONE, Embeddings, EmbedJob, normalized
+from lmsp_tray.errors import InternalError, LMSPError, ServiceUnavailable
+
+if TYPE_CHECKING:
+    from lmsp_tray.engine.model import LlamaModel
+
+log = logging.getLogger("lmsp_tray.engine")
+
+
+class Embedder:
+    def __init__(
+        self,
+        model: LlamaModel,
+        *,
+        max_sequences: int,
+        batch_tokens: int,
+        max_queue: int,
+        on_step: Callable[[], None] | None = None,
+    ) -> None:
+        self._model = model
+        self._max_sequences = max_sequences
+        self._batch_tokens = batch_tokens
+        self._max_queue = max_queue
+        self._on_step = on_step
+        self.pooling = llama_cpp.llama_pooling_type(model.ctx)
+        self.dimensions = llama_cpp.llama_model_n_embd_out(model.llama_model) or llama_cpp.llama_model_n_embd(
+            model.llama_model
+        )
+        self._queue: collections.deque[tuple[EmbedJob, int]] = collections.deque()  # (job, input index)
+        self._jobs = 0  # jobs submitted and not yet done
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._drain = False
+        self._durations: collections.deque[float] = collections.deque(maxlen=16)
+        self._batch = llama_cpp.llama_batch_init(batch_tokens, 0, 1)
+        # An encoder has no KV cache: encode directly (llama_decode would say so on every call first).
+        self._encode = not model.memory
+        self.steps = 0
+        self.batch_sizes: collections.deque[int] = collections.deque(maxlen=4096)  # tokens per recent decode
+        self.sequences: collections.deque[int] = collections.deque(maxlen=4096)  # inputs per recent decode
+        self.last_activity = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name=f"lmsp-embed-{model.id}", daemon=True)
+        self._thread.start()
+
+    # -- called from other threads ---------------------------------------------------------------
+    def submit(self, job: EmbedJob) -> None:
+        """Queue every input of `job`; 503 while unloading, 429 when `max_queue` requests wait."""
+        with self._cond:
+            if self._stopping or self._drain:
+                raise unloading()
+            if self._jobs > self._max_queue:
+                raise too_many(self._jobs - 1, self._durations, 1)
+            job.vectors = [None] * len(job.inputs)
+            job.remaining = len(job.inputs)
+            job.started = time.monotonic()
+            self._jobs += 1
+            self._queue.extend((job, i) for i in range(len(job.inputs)))
+            self.last_activity = time.monotonic()
+            self._cond.notify()
+
+    @property
+    def busy(self) -> bool:
+        with self._cond:
+            return self._jobs > 0
+
+    @property
+    def queued(self) -> int:
+        with self._cond:
+            return self._jobs
+
+    def stop(self, *, drain: bool = False) -> None:
+        with self._cond:
+            if drain:
+                self._drain = True
+                self._cond.wait_for(lambda: self._jobs == 0)
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self.stop()
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+
+    # -- the embedder thread --------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._stopping and not self._queue:
+                        self._cond.wait()
+                    if self._stopping:
+                        break
+                    taken = self._take()
+                self._decode(taken)
+                if self._on_step is not None:
+                    self._on_step()
+        except Exception:
+            log.exception("embedder of %s crashed", self._model.id)
+        finally:
+            error = ServiceUnavailable("The model was unloaded while the request was running.")
+            with self._cond:
+                self._stopping = True
+                left = list(dict.fromkeys(job for job, _ in self._queue))
+                self._queue.clear()
+            for job in left:
+                self._fail(job, error)
+            if self._on_step is not None:
+                self._on_step()
+
+    def _take(self) -> list[tuple[EmbedJob, int]]:
+        """The waiting inputs (FIFO) that fit one decode; under the lock."""
+        taken: list[tuple[EmbedJob, int]] = []
+        tokens = 0
+        while self._queue and len(taken) < self._max_sequences:
+            job, i = self._queue[0]
+            size = len(job.inputs[i])
+            if taken and tokens + size > self._batch_tokens:
+                break
+            self._queue.popleft()
+            taken.append((job, i))
+            tokens += size
+        return taken
+
+    def _decode(self, taken: list[tuple[EmbedJob, int]]) -> None:
+        live = [(job, i) for job, i in taken if job.remaining > 0]  # a failed job's other inputs are skipped
+        if not live:
+            return
+        model = self._model
+        batch: Any = self._batch
+        n = 0
+        for seq, (job, i) in enumerate(live):
+            for pos, token in enumerate(job.inputs[i]):
+                batch.token[n] = token
+                batch.pos[n] = pos
+                batch.n_seq_id[n] = 1
+                batch.seq_id[n][0] = seq
+                batch.logits[n] = True
+                n += 1
+        batch.n_tokens = n
+        if self._encode:
+            result = llama_cpp.llama_encode(model.ctx, batch)
+        else:  # a decoder with a KV cache (e.g. last-token pooling): every decode starts afresh
+            llama_cpp.llama_memory_clear(model.memory, True)
+            result = llama_cpp.llama_decode(model.ctx, batch)
+        self.steps += 1
+        self.batch_sizes.append(n)
+        self.sequences.append(len(live))
+        self.last_activity = time.monotonic()
+        if result != 0:
+            log.warning("llama_decode returned %s for %s (embeddings)", result, model.id)
+            error = InternalError(f"The model failed to compute embeddings (llama_decode returned {result}).")
+            for job in dict.fromkeys(job for job, _ in live):
+                self._fail(job, error)
+            return
+        dims = self.dimensions
+        if self.pooling == POOLING_NONE:
+            flat = llama_cpp.llama_get_embeddings(model.ctx)
+            every = np.ctypeslib.as_array(ctypes.cast(flat, ctypes.POINTER(ctypes.c_float)), shape=(n, dims))
+            start = 0
+            for job, i in live:
+                size = len(job.inputs[i])
+                self._store(job, i, every[start : start + size].mean(axis=0))
+                start += size
+        else:
+            for seq, (job, i) in enumerate(live):
+                ptr = llama_cpp.llama_get_embeddings_seq(model.ctx, seq)
+                if not ptr:
+                    self._fail(job, InternalError("The model gave no embedding for an input."))
+                    continue
+                vector = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(dims,))
+                self._store(job, i, vector.copy())
+
+    def _store(self, job: EmbedJob, i: int, vector: np.ndarray) -> None:
+        if job.remaining <= 0:
+            return
+        job.vectors[i] = vector
+        job.remaining -= 1
+        if job.remaining == 0:
+            vectors = normalized(np.stack([v for v in job.vectors if v is not None]))
+            self._done(job, Embeddings(vectors, tuple(len(t) for t in job.inputs)))
+
+    def _fail(self, job: EmbedJob, error: LMSPError) -> None:
+        if job.remaining <= 0:
+            return
+        job.remaining = 0
+        self._done(job, error)
+
+    def _done(self, job: EmbedJob, result: Embeddings | LMSPError) -> None:
+        with self._cond:
+            self._jobs -= 1
+            self._durations.append(time.monotonic() - job.started)
+            self._cond.notify_all()
+        try:
+            job.done(result)
+        except Exception:
+            log.exception("an embedding job's callback failed")

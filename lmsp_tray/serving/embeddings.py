@@ -1,0 +1,61 @@
+"""Embeddings for `/v1/embeddings`: the model checked, loaded on demand, and asked for its vectors.
+
+Why apart from `service`: an embedding request is one question and one
+answer — no run, no events, no store — so it needs only the catalog and the
+model manager. The model must be an embedding model (`embeddings` in its
+capabilities); a chat model is refused with `unsupported_capability` (see
+README: lmsp-tray does not pool a generative model's states into vectors).
+The engine checks every input against the model's window before decoding
+(400 naming the input's index) and batches the inputs of all requests;
+`dimensions` truncates and normalises again here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+from lmsp_tray.engine.embedding import Embeddings
+from lmsp_tray.errors import InvalidRequest, ModelCrashed, ServiceUnavailable, UnsupportedCapability
+from lmsp_tray.protocol.embeddings import EmbeddingRequest
+from lmsp_tray.serving.service import Service
+
+
+async def embed(service: Service, request: EmbeddingRequest) -> tuple[str, Embeddings]:
+    """The model's id and the vectors of `request.inputs` (truncated to `dimensions`)."""
+    entry = service.entry(request.model, param="model")
+    if "embeddings" not in service.model_capabilities(entry):
+        raise UnsupportedCapability(
+            f"'{entry.id}' is not an embedding model; embeddings come from a model made for them (BERT, "
+            f"nomic-embed, bge, e5, gte, Qwen3-Embedding, embeddinggemma, ...). GET /v1/models lists each "
+            f"model's capabilities.",
+            param="model",
+        )
+    width = entry.info.embedding_length if entry.info else None
+    if request.dimensions is not None and width and request.dimensions > width:
+        raise InvalidRequest(f"'dimensions' must be between 1 and {width} for '{entry.id}'.", param="dimensions")
+    for attempt in range(2):
+        model = service.models.use_if_loaded(entry.id)
+        if model is None:
+            model = await asyncio.to_thread(service.models.acquire, entry)
+        try:
+            result = await asyncio.to_thread(model.embed, list(request.inputs))
+            break
+        except (ServiceUnavailable, ModelCrashed):
+            if attempt:
+                raise  # unloaded (or gone) twice in a row: give up
+    return entry.id, result.truncated(request.dimensions)
+
+
+def openai_list(model_id: str, result: Embeddings, encoding_format: str) -> dict[str, object]:
+    """OpenAI's embedding list: `data[i].embedding` as floats or base64 float32, and `usage`."""
+    if encoding_format == "base64":
+        rows: list[object] = [base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in result.vectors]
+    else:
+        rows = result.vectors.tolist()
+    return {
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)],
+        "model": model_id,
+        "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens},
+    }
