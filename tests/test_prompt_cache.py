@@ -259,3 +259,25 @@ def test_over_http_the_unloaded_conversation_resumes_from_disk(daemon_factory) -
         again = c.post("/responses", json=body(text + " again", max_output_tokens=8)).json()
     cached = again["usage"]["input_tokens_details"]["cached_tokens"]
     assert cached >= first["usage"]["input_tokens"] - 20  # all but the end of the prompt, restored from disk
+
+
+def test_an_idle_model_saves_its_sequences_without_unloading(load, tiny: Path, tmp_path: Path) -> None:
+    import time
+
+    cache = tmp_path / "pc"
+    model = load(tiny, options(cache))
+    model.scheduler._idle_save_s = 0.2  # 30 s in service
+    prompt = history(model)
+    run(model, prompt)
+    deadline = time.monotonic() + 30
+    while not saved_files(cache) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(saved_files(cache)) == 1  # saved while loaded: a crash now would lose nothing
+    _, finish = run(model, prompt + prompt[1:40])  # the model goes on serving from memory
+    assert finish.cached_tokens >= len(prompt)
+    while len(saved_files(cache)) < 2 and time.monotonic() < deadline:  # the new branch, saved when idle
+        time.sleep(0.05)
+    steps = model.scheduler.steps
+    time.sleep(0.6)
+    assert model.scheduler.steps == steps  # saving is not decoding
+    assert len(saved_files(cache)) == 2  # and a sequence saved as it is is not saved again
