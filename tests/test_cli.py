@@ -103,7 +103,8 @@ def test_serve_single_instance_and_clean_sigterm(env: dict[str, str], models_dir
     try:
         wait_url(url, proc)
         discovery = tmp_path / "lmsp" / "run" / "service.json"
-        info = json.loads(discovery.read_text())
+        # The file is written once the socket serves: an answer can come a moment before it.
+        info = json.loads(wait_until(lambda: discovery.exists() and discovery.read_text(), 30, "service.json"))
         assert info["url"] == url and info["pid"] == proc.pid and info["version"] and info["started_at"] > 0
         assert stat.S_IMODE(discovery.stat().st_mode) == 0o600
 

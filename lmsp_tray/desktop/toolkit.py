@@ -29,6 +29,8 @@ import importlib.util
 import logging
 import os
 import sys
+import threading
+import time
 from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -448,6 +450,24 @@ def _xorg_icon(base: type) -> type:
 
             window.change_attributes(event_mask=X.ExposureMask | X.StructureNotifyMask | X.ButtonPressMask)
             return window
+
+        def _show(self) -> None:
+            super()._show()
+            threading.Thread(target=self._keep_docking, name="tray-xorg-dock", daemon=True).start()
+
+        def _keep_docking(self) -> None:
+            """pystray asks the tray host to dock the icon once; a request that arrives while the host
+            is busy (or not yet listening) is lost and the icon never shows. Ask again, about once a
+            second, until the window has been taken into the tray (its parent is no longer the root)."""
+            for _ in range(60):
+                time.sleep(1.0)
+                try:
+                    root = self._display.screen().root.id
+                    if self._window.query_tree().parent.id != root:
+                        return
+                    self._dock_window()
+                except Exception:  # noqa: BLE001 - the window or the display has gone (Quit)
+                    return
 
         @property
         def title(self) -> str:
