@@ -16,7 +16,7 @@ import openai
 import pytest
 from support import SLOW_ID, TINY_ID, LiveDaemon
 
-from lmsp_tray.http import sse
+from lmsp_tray.http.openai import responses as openai_responses_routes
 
 WEATHER = {
     "type": "function",
@@ -291,18 +291,19 @@ def test_stream_with_keepalive_comments_between_events(
     daemon: LiveDaemon, sdk: openai.OpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A keep-alive comment after an event must not reach the SDK as an (empty, unparsable) event."""
-    monkeypatch.setattr(
-        sse.EventStream.__init__, "__kwdefaults__", {**sse.EventStream.__init__.__kwdefaults__, "keepalive": 0.0005}
-    )
+    # A keep-alive after every millisecond of silence (`sse_keepalive`), and a silence that surely
+    # lasts longer: evaluating a long prompt between response.created and the first delta.
+    monkeypatch.setattr(openai_responses_routes, "keepalive", lambda _request: 0.001)
+    story = "Tell a story about the sea. " * 60  # about 1,600 tokens on this byte-level model
     raw = httpx.post(
         daemon.base + "/v1/responses",
-        json={"model": SLOW_ID, "input": "Tell a story", "max_output_tokens": 60, "stream": True},
+        json={"model": SLOW_ID, "input": story, "max_output_tokens": 60, "stream": True},
         headers=daemon.auth_headers,
         timeout=120,
     ).text
     assert ": keep-alive" in raw  # the comments were there between events
     text = ""
-    stream = sdk.responses.create(model=SLOW_ID, input="Tell a story", max_output_tokens=60, stream=True)
+    stream = sdk.responses.create(model=SLOW_ID, input=story, max_output_tokens=60, stream=True)
     for event in stream:
         if event.type == "response.output_text.delta":
             text += event.delta

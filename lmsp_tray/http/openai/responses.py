@@ -24,7 +24,16 @@ from starlette.responses import Response
 
 from lmsp_tray.errors import InvalidRequest, ServiceUnavailable
 from lmsp_tray.http.api import Scoped
-from lmsp_tray.http.routes import JSON, REPLAYED, caller_of, decode_json, idempotency_key, off_loop, read_body
+from lmsp_tray.http.routes import (
+    JSON,
+    REPLAYED,
+    caller_of,
+    decode_json,
+    idempotency_key,
+    keepalive,
+    off_loop,
+    read_body,
+)
 from lmsp_tray.http.sse import EventStream, wait_disconnect
 from lmsp_tray.protocol.openai_requests import ToolMap, parse_openai_response_create
 from lmsp_tray.protocol.openai_shapes import MAX_INPUT_ITEMS_PAGE, OpenAIView, page, sse_bytes
@@ -52,11 +61,15 @@ async def create_response(request: Request) -> Response | EventStream:
     run = await responder.start(parsed, caller=caller_of(request), key=idempotency_key(request))
     if isinstance(run, Replayed):
         if run.events is not None:
-            return EventStream(iterate(view.replayed(run.events)), headers=REPLAYED, encode=sse_bytes)
+            return EventStream(
+                iterate(view.replayed(run.events)), headers=REPLAYED, encode=sse_bytes, keepalive=keepalive(request)
+            )
         body = view.response(run.body) if run.body is not None else None
         return JSON(body, status_code=run.status, headers=REPLAYED)
     if parsed.stream:
-        return EventStream(view.events(run.events()), on_disconnect=run.cancel, encode=sse_bytes)
+        return EventStream(
+            view.events(run.events()), on_disconnect=run.cancel, encode=sse_bytes, keepalive=keepalive(request)
+        )
     result = asyncio.ensure_future(run.result())
     gone = asyncio.ensure_future(wait_disconnect(request.receive))
     try:
