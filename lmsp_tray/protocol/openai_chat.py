@@ -25,7 +25,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from lmsp_tray.errors import InvalidRequest, UnsupportedCapability
 from lmsp_tray.protocol.requests import (
-    MAX_STOP_SEQUENCES,
     FunctionCall,
     FunctionCallOutput,
     Item,
@@ -35,6 +34,7 @@ from lmsp_tray.protocol.requests import (
     Tool,
     _schema_size,
     _translate,
+    check_stop_list,
     items_size,
 )
 
@@ -199,12 +199,7 @@ class ChatCompletionCreate(_Edge):
     @field_validator("stop", mode="before")
     @classmethod
     def _stop(cls, value: Any) -> Any:
-        if isinstance(value, list):
-            if len(value) > MAX_STOP_SEQUENCES:
-                raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
-            if any(isinstance(s, str) and not s for s in value):
-                raise ValueError("stop sequences must not be empty")
-        return value
+        return check_stop_list(value)
 
 
 class _Unreadable(ValueError):

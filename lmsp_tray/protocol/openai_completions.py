@@ -24,7 +24,7 @@ from lmsp_tray.errors import InvalidRequest
 from lmsp_tray.protocol.events import Event
 from lmsp_tray.protocol.openai_chat import SEED_RANGE, _chat_error, _options
 from lmsp_tray.protocol.openai_chunks import chat_usage, openai_error
-from lmsp_tray.protocol.requests import MAX_STOP_SEQUENCES, RawPrompt, ResponseRequest
+from lmsp_tray.protocol.requests import RawPrompt, ResponseRequest, check_stop_list
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions (editors send their own)
 
@@ -53,12 +53,7 @@ class CompletionCreate(BaseModel):
     @field_validator("stop", mode="before")
     @classmethod
     def _stop(cls, value: Any) -> Any:
-        if isinstance(value, list):
-            if len(value) > MAX_STOP_SEQUENCES:
-                raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
-            if any(isinstance(s, str) and not s for s in value):
-                raise ValueError("stop sequences must not be empty")
-        return value
+        return check_stop_list(value)
 
 
 @dataclass

@@ -33,6 +33,16 @@ LARGE_REQUEST_CHARS = 16_000  # from this size on, a request is prepared off the
 INPUT_BATCH = 256  # a longer `input` is validated this many items at a time (`_validate_input`)
 
 
+def check_stop_list(value: Any) -> Any:
+    """The bounds on a list of stop sequences (how many, none empty), shared by every request shape."""
+    if isinstance(value, list):
+        if len(value) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
+        if any(isinstance(s, str) and not s for s in value):
+            raise ValueError("stop sequences must not be empty")
+    return value
+
+
 class _Edge(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
@@ -160,14 +170,7 @@ class LmspTrayOptions(_Edge):
     @field_validator("stop", mode="before")
     @classmethod
     def _stop(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = [value]
-        if isinstance(value, list):
-            if len(value) > MAX_STOP_SEQUENCES:
-                raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
-            if any(isinstance(s, str) and not s for s in value):
-                raise ValueError("stop sequences must not be empty")
-        return value
+        return check_stop_list([value] if isinstance(value, str) else value)
 
 
 class TextOptions(_Edge):
