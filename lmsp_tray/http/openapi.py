@@ -16,27 +16,14 @@ from typing import Any
 from lmsp_tray import __version__
 from lmsp_tray.auth.tokens import MAX_NAME, NAME_PATTERN, SCOPES
 from lmsp_tray.http import openapi_downloads as downloads
+from lmsp_tray.http.openapi_parts import BOOL, INT, REF, STR
+from lmsp_tray.http.openapi_parts import nullable as _nullable
+from lmsp_tray.http.openapi_parts import obj as _obj
+from lmsp_tray.http.openapi_parts import ref as _ref
 from lmsp_tray.protocol.requests import ResponseCreate
 from lmsp_tray.store.task_rows import TASK_STATUSES
 
-REF = "#/components/schemas/"
 PROBLEM_JSON = "application/problem+json"
-NULL = {"type": "null"}
-
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": REF + name}
-
-
-def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"anyOf": [schema, NULL]}
-
-
-def _obj(required: dict[str, Any], optional: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"type": "object", "required": list(required), "properties": {**required, **(optional or {})}}
-
-
-STR, INT, BOOL = {"type": "string"}, {"type": "integer"}, {"type": "boolean"}
 SCOPE = {"type": "string", "enum": list(SCOPES)}
 SCOPE_LIST = {"type": "array", "items": SCOPE, "minItems": 1}
 NAME = {

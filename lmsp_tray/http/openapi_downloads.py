@@ -10,24 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from lmsp_tray.http.openapi_parts import BOOL, INT, STR
+from lmsp_tray.http.openapi_parts import nullable as _nullable
+from lmsp_tray.http.openapi_parts import obj as _obj
+from lmsp_tray.http.openapi_parts import ref as _ref
 from lmsp_tray.protocol import downloads as ev
-
-REF = "#/components/schemas/"
-STR, INT, BOOL, NUM = {"type": "string"}, {"type": "integer"}, {"type": "boolean"}, {"type": "number"}
-NULL = {"type": "null"}
-
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": REF + name}
-
-
-def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"anyOf": [schema, NULL]}
-
-
-def _obj(required: dict[str, Any], optional: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"type": "object", "required": list(required), "properties": {**required, **(optional or {})}}
-
 
 PROGRESS_FIELDS = {
     "phase": {"enum": ["checking", "downloading", "waiting", "verifying"]},
