@@ -288,34 +288,39 @@ def test_sync_disconnect_cancels(daemon_factory) -> None:
 
 
 def test_fifo_queue_and_429(daemon_factory) -> None:
+    """One slot, two queued: they get the slot in the order they came.
+
+    Each stream holds the slot (a long generation) until the test lets it go, so the
+    order the client threads see their first delta is the order the scheduler admitted
+    them, whatever the machine's thread scheduling does with short answers.
+    """
     live = daemon_factory(parallel=1, max_queue=2)
     order: list[str] = []
     lock = threading.Lock()
-    release_first = threading.Event()
+    release = {name: threading.Event() for name in ("first", "second", "third")}
 
-    def run(name: str, tokens: int) -> None:
-        payload = body(model=SLOW_ID, max_output_tokens=tokens, stream=True)
+    def run(name: str) -> None:
+        payload = body(model=SLOW_ID, max_output_tokens=4000, stream=True)
         with (
             httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as own,
             own.stream("POST", "/responses", json=payload) as r,
         ):
             for e in iter_sse(r):
-                if isinstance(e, SSE) and e.event == "response.output_text.delta" and name not in order:
+                if isinstance(e, SSE) and e.event == "response.output_text.delta":
                     with lock:
                         order.append(name)
-                    if name == "first":
-                        release_first.wait(120)
-                        return  # leaving cancels the long generation and frees the slot
+                    release[name].wait(120)
+                    return  # leaving cancels the long generation and frees the slot
 
     with httpx.Client(base_url=live.url, timeout=120, headers=live.auth_headers) as c:
         c.post(f"/models/{SLOW_ID}/load").raise_for_status()
         sched = live.scheduler(SLOW_ID)
-        first = threading.Thread(target=run, args=("first", 4000))
+        first = threading.Thread(target=run, args=("first",))
         first.start()
         wait_until(lambda: order, 120, "the first stream's first delta", interval=0.005)
         threads = []
         for name in ("second", "third"):
-            t = threading.Thread(target=run, args=(name, 5))
+            t = threading.Thread(target=run, args=(name,))
             t.start()
             threads.append(t)
             wait_until(lambda: sched.queued == len(threads), 30, f"{len(threads)} queued requests", interval=0.005)
@@ -323,7 +328,10 @@ def test_fifo_queue_and_429(daemon_factory) -> None:
         assert r.status_code == 429
         assert r.json()["code"] == "too_many_requests"
         assert int(r.headers["retry-after"]) >= 1
-        release_first.set()
+        for held, following in (("first", 2), ("second", 3)):
+            release[held].set()
+            wait_until(lambda n=following: len(order) >= n, 120, f"stream {following}'s first delta", interval=0.005)
+        release["third"].set()
         for t in [first, *threads]:
             t.join(120)
     assert order == ["first", "second", "third"]
