@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from lmsp_tray.desktop.backend import download_notification
 from lmsp_tray.desktop.menu import Action, DownloadView, TrayState, build_menu, download_label, find_item
+from lmsp_tray.desktop.service_notices import download_notification
 from lmsp_tray.serving.downloads import DownloadStatus
 
 URL = "http://127.0.0.1:7373/lmsp/v1"

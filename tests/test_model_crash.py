@@ -27,7 +27,8 @@ import pytest
 from gguf_factory import write_tiny_gguf
 from support import SSE, LiveDaemon, body, events, iter_sse
 
-from lmsp_tray.desktop.backend import DaemonTrayBackend, crash_notification
+from lmsp_tray.desktop.backend import DaemonTrayBackend
+from lmsp_tray.desktop.service_notices import crash_notification
 
 VICTIM = "victim-test:4m-f32"
 BYSTANDER = "bystander-test:4m-f32"

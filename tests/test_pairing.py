@@ -188,7 +188,8 @@ def test_tray_listener_hears_requests_and_decisions(daemon: LiveDaemon) -> None:
 # -- the tray's side (in process, as the tray backend calls it) -------------------------------------
 def test_tray_sees_approves_and_announces_requests(daemon: LiveDaemon, tmp_path) -> None:
     from lmsp_tray.desktop.autostart import Autostart
-    from lmsp_tray.desktop.backend import DaemonTrayBackend, pairing_text, tray_hooks
+    from lmsp_tray.desktop.backend import DaemonTrayBackend, tray_hooks
+    from lmsp_tray.desktop.service_notices import pairing_text
 
     autostart = Autostart.for_platform("linux", environ={}, home=tmp_path, command=["lmsp-tray"])
     hooks = tray_hooks(daemon.daemon)

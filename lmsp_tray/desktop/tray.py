@@ -6,9 +6,9 @@ implements. A poller thread takes a `snapshot()` every `poll_interval`
 seconds (and at once after each click or `refresh()`), and when the state
 changed it rebuilds the menu from `lmsp_tray.desktop.menu.build_menu` and switches
 the icon. Clicks never run backend calls on the GUI thread (loading a model
-takes seconds): each runs on a worker thread, and a failure becomes a
-notification plus a "⚠ ..." line in the menu and the error icon, never a
-traceback.
+takes seconds): each runs on a worker thread (what each one does is
+`lmsp_tray.desktop.actions`), and a failure becomes a notification plus a
+"⚠ ..." line in the menu and the error icon, never a traceback.
 
 A left-click opens the console page (`open_console`) once the service
 listens, the menu before that and on a right-click (an AppIndicator panel
@@ -40,6 +40,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
+from lmsp_tray.desktop.actions import QUIET, SERIOUS, failure_prefix, is_user_error, run_action
 from lmsp_tray.desktop.icons import draw_icon, load_icon
 from lmsp_tray.desktop.menu import (
     ERROR,
@@ -48,7 +49,6 @@ from lmsp_tray.desktop.menu import (
     TrayState,
     activity_for,
     build_menu,
-    clean_text,
     full_reason,
     most_urgent,
     short_reason,
@@ -58,12 +58,9 @@ from lmsp_tray.desktop.menu import (
 from lmsp_tray.desktop.notify import Notices
 from lmsp_tray.desktop.system import (
     Clipboard,
-    ClipboardError,
-    OpenError,
     display_available,
     headless_message,
     open_folder,
-    open_path,
 )
 from lmsp_tray.desktop.toolkit import (
     GTK_BACKENDS,
@@ -93,9 +90,6 @@ APP_NAME = "lmsp-tray"
 POLL_INTERVAL = 0.5  # seconds; the menu follows API changes within this (plus one snapshot)
 FAILURE_SECONDS = 60.0  # how long a failed action keeps its line in the menu (and the error icon)
 EMBED_WAIT_S = 5.0  # how long an X11 icon may take to appear in the tray before we say it is not shown
-# Failed actions that concern the models turn the icon red; a folder that will not open does not.
-SERIOUS = frozenset({Action.LOAD_MODEL, Action.UNLOAD_MODEL, Action.UNLOAD_ALL})
-QUIET = frozenset({Action.OPEN_MODELS_FOLDER, Action.VIEW_LOGS, Action.SHOW_STATUS})  # notification only
 
 
 class TrayBackend(Protocol):
@@ -185,7 +179,7 @@ class TrayApp:
         self._snapshot_failing = False
         self.notices = Notices(notifier, self._balloon)
         self._not_shown_reported = False
-        self.state = self._overlay(self._safe_snapshot())
+        self.state = self.overlay(self.safe_snapshot())
         self._service_notice: str | None = None  # the first poll announces a notice there at start
         self._shown_activity = self.state.activity
         self.hooks = MenuHooks(specs=self.menu_specs, click=self.click, primary=self.open_console)
@@ -208,7 +202,8 @@ class TrayApp:
         return self.pystray.Menu(self._menu_items)
 
     # -- state ------------------------------------------------------------------------------------
-    def _safe_snapshot(self) -> TrayState:
+    def safe_snapshot(self) -> TrayState:
+        """The backend's snapshot; while it fails, the last state with the error as its notice."""
         try:
             state = self.backend.snapshot()
         except Exception as exc:
@@ -222,7 +217,7 @@ class TrayApp:
             self._snapshot_failing = False
         return state
 
-    def _overlay(self, state: TrayState) -> TrayState:
+    def overlay(self, state: TrayState) -> TrayState:
         """The backend's state plus what the tray knows: the activity its models imply, and
         the last failed action (for FAILURE_SECONDS)."""
         with self._lock:
@@ -254,12 +249,12 @@ class TrayApp:
 
     def poll_once(self) -> bool:
         """Take a snapshot; update icon, tooltip and menu if it changed. True when it changed."""
-        raw = self._safe_snapshot()
+        raw = self.safe_snapshot()
         if raw.notice != self._service_notice:
             self._service_notice = raw.notice
             if raw.notice and not self._snapshot_failing:
                 self.notify(full_reason(raw.notice), title="lmsp-tray needs attention", kind="notice")
-        new = self._overlay(raw)
+        new = self.overlay(raw)
         if new == self.state:
             return False
         self.state = new
@@ -299,11 +294,11 @@ class TrayApp:
         """Carry out one click synchronously; failures become a notification (whole text), and for
         most actions a notice line in the menu; failed model actions also turn the icon red."""
         try:
-            done = self._do(action, arg)
+            done = run_action(self, action, arg)
         except Exception as exc:
-            prefix = self._failure_prefix(action, arg)
+            prefix = failure_prefix(action, arg)
             message = f"{prefix}: {full_reason(exc)}"
-            log.warning("%s", message, exc_info=not _is_user_error(exc))
+            log.warning("%s", message, exc_info=not is_user_error(exc))
             serious = action in SERIOUS
             if action not in QUIET:
                 with self._lock:
@@ -315,94 +310,6 @@ class TrayApp:
             if done:
                 self.notify(done[1], title=done[0], kind=action.value)
         self.refresh()
-
-    def _do(self, action: Action, arg: str | None) -> tuple[str, str] | None:
-        """Do it; (title, body) of the notification that says it is done, or None for none."""
-        b = self.backend
-        if action is Action.COPY_URL:
-            if not self.state.url:
-                raise RuntimeError("the service is not listening yet")
-            self.clipboard.copy(self.state.url)
-            return "Copied the URL", f"{self.state.url} is on the clipboard."
-        if action is Action.OPEN_CONSOLE:
-            b.open_console()
-            return None
-        if action is Action.LOAD_MODEL:
-            b.load_model(_need(arg))
-            return f"Loaded {clean_text(_need(arg), 60)}", "It answers requests now."
-        if action is Action.UNLOAD_MODEL:
-            b.unload_model(_need(arg))
-            return None
-        if action is Action.UNLOAD_ALL:
-            b.unload_all()
-            return None
-        if action is Action.RESCAN:
-            b.rescan()
-            snap = self._safe_snapshot()
-            count = len(snap.models)
-            extra = f"; {len(snap.problems)} file(s) are not usable" if snap.problems else ""
-            return "Rescanned the models folders", f"Found {count} model{'s' if count != 1 else ''}{extra}."
-        if action is Action.OPEN_MODELS_FOLDER:
-            folder = b.models_folder()
-            folder.mkdir(parents=True, exist_ok=True)
-            self.opener(folder)
-            return None
-        if action is Action.VIEW_LOGS:
-            log_file = self.log_file
-            if log_file is None:
-                raise OpenError("this run writes no log file")
-            target = log_file if log_file.is_file() else log_file.parent
-            open_path(target)
-            return None
-        if action is Action.SHOW_STATUS:
-            return "lmsp-tray", status_text(self._overlay(self._safe_snapshot()))
-        if action is Action.COPY_TOKEN:
-            secret = b.access_token()
-            if not secret:
-                raise RuntimeError("there is no access token yet")
-            try:
-                self.clipboard.copy(secret)
-            finally:
-                del secret
-            body = "Paste it into your app as its bearer token; it has every scope, so keep it private."
-            if self.state.token_session_only:
-                body += " It works until lmsp-tray stops, because the OS keyring cannot keep it."
-            return "Access token copied to the clipboard", body
-        if action is Action.SET_AUTOSTART:
-            b.set_autostart(arg == "on")
-            return "Start at login", "lmsp-tray will start at login." if arg == "on" else (
-                "lmsp-tray will not start at login."
-            )
-        if action is Action.APPROVE_PAIRING:
-            b.approve_pairing(_need(arg))
-            return "Pairing approved", "The app receives its token with its next poll."
-        if action is Action.DENY_PAIRING:
-            b.deny_pairing(_need(arg))
-            return "Pairing denied", "The app gets no token."
-        if action is Action.CANCEL_DOWNLOAD:
-            b.cancel_download(_need(arg))
-            return "Download cancelled", "What was fetched stays in the Hugging Face cache; pulling it again resumes."
-        raise ValueError(f"unknown action {action!r}")
-
-    @staticmethod
-    def _failure_prefix(action: Action, arg: str | None) -> str:
-        name = clean_text(arg or "", 40)
-        return {
-            Action.COPY_URL: "Could not copy the URL",
-            Action.OPEN_CONSOLE: "Could not open the console",
-            Action.LOAD_MODEL: f"Could not load {name}",
-            Action.UNLOAD_MODEL: f"Could not unload {name}",
-            Action.UNLOAD_ALL: "Could not unload the models",
-            Action.RESCAN: "Rescan failed",
-            Action.OPEN_MODELS_FOLDER: "Could not open the models folder",
-            Action.COPY_TOKEN: "Could not copy the access token",
-            Action.SET_AUTOSTART: "Could not change start at login",
-            Action.APPROVE_PAIRING: "Could not approve the pairing",
-            Action.DENY_PAIRING: "Could not deny the pairing",
-            Action.CANCEL_DOWNLOAD: "Could not cancel the download",
-            Action.VIEW_LOGS: "Could not open the log file",
-            Action.SHOW_STATUS: "Could not show the status",
-        }.get(action, "Failed")
 
     def notify(
         self,
@@ -617,16 +524,3 @@ class TrayApp:
             GLib.idle_add(lambda: status_icon.is_embedded() and on_size_changed(status_icon, status_icon.get_size()))
         except Exception as exc:  # noqa: BLE001
             log.debug("no size-changed signal: %s", exc)
-
-
-def _need(arg: str | None) -> str:
-    if not arg:
-        raise ValueError("this menu item names no model or request")
-    return arg
-
-
-def _is_user_error(exc: BaseException) -> bool:
-    """Errors with a message meant for people (no traceback in the log needed)."""
-    from lmsp_tray.errors import LMSPError
-
-    return isinstance(exc, (LMSPError, ClipboardError, OpenError, OSError, RuntimeError, ValueError))

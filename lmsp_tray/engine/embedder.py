@@ -25,12 +25,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import llama_cpp
 import numpy as np
 
 from lmsp_tray.engine.admission import too_many, unloading
+from lmsp_tray.engine.batch import Batch
 from lmsp_tray.engine.embedding import POOLING_NONE, Embeddings, EmbedJob, normalized
 from lmsp_tray.errors import InternalError, LMSPError, ServiceUnavailable
 
@@ -65,7 +66,7 @@ class Embedder:
         self._stopping = False
         self._drain = False
         self._durations: collections.deque[float] = collections.deque(maxlen=16)
-        self._batch = llama_cpp.llama_batch_init(batch_tokens, 0, 1)
+        self._batch = Batch(batch_tokens)
         # An encoder has no KV cache: encode directly (llama_decode would say so on every call first).
         self._encode = not model.memory
         self.steps = 0
@@ -113,9 +114,7 @@ class Embedder:
     def close(self) -> None:
         if self._thread.is_alive():
             self.stop()
-        if self._batch is not None:
-            llama_cpp.llama_batch_free(self._batch)
-            self._batch = None
+        self._batch.free()
 
     # -- the embedder thread --------------------------------------------------------------------
     def _run(self) -> None:
@@ -162,22 +161,17 @@ class Embedder:
         if not live:
             return
         model = self._model
-        batch: Any = self._batch
+        batch = self._batch
         n = 0
         for seq, (job, i) in enumerate(live):
             for pos, token in enumerate(job.inputs[i]):
-                batch.token[n] = token
-                batch.pos[n] = pos
-                batch.n_seq_id[n] = 1
-                batch.seq_id[n][0] = seq
-                batch.logits[n] = True
+                batch.put(n, token, pos, seq, True)  # every token is an output in embedding mode
                 n += 1
-        batch.n_tokens = n
         if self._encode:
-            result = llama_cpp.llama_encode(model.ctx, batch)
+            result = batch.encode(model.ctx, n)
         else:  # a decoder with a KV cache (e.g. last-token pooling): every decode starts afresh
             llama_cpp.llama_memory_clear(model.memory, True)
-            result = llama_cpp.llama_decode(model.ctx, batch)
+            result = batch.decode(model.ctx, n)
         self.steps += 1
         self.batch_sizes.append(n)
         self.sequences.append(len(live))

@@ -27,13 +27,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import llama_cpp
 import numpy as np
 
 from lmsp_tray.engine import kv_states
 from lmsp_tray.engine.admission import too_many, unloading
+from lmsp_tray.engine.batch import Batch
 from lmsp_tray.engine.jobs import (
     CANCELLED,
     CONTEXT,
@@ -153,7 +154,7 @@ class Scheduler:
         self._stopping = False
         self._drain = False
         self._admissions = 0
-        self._batch = llama_cpp.llama_batch_init(batch_size, 0, 1)
+        self._batch = Batch(batch_size)
         self._durations: collections.deque[float] = collections.deque(maxlen=16)
         self.steps = 0  # decode steps performed (observable by tests and the tray)
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=4096)  # tokens per recent step
@@ -222,9 +223,7 @@ class Scheduler:
     def close(self) -> None:
         if self._thread.is_alive():
             self.stop()
-        if self._batch is not None:
-            llama_cpp.llama_batch_free(self._batch)
-            self._batch = None
+        self._batch.free()
 
     # -- the scheduler thread -------------------------------------------------------------------
     def _run(self) -> None:
@@ -402,7 +401,7 @@ class Scheduler:
             pos = len(slot.cache)
             slot.fed, slot.out, slot.draft = (slot.last_token, *draft), n, draft
             for j, token in enumerate(slot.fed):
-                self._add(batch, n, token, pos + j, slot.seq_id, True)
+                batch.put(n, token, pos + j, slot.seq_id, True)
                 n += 1
         budget = (self._batch_size if n == 0 else self._busy_chunk) - n
         for slot in sorted((s for s in active if s.pending), key=lambda s: s.admitted):
@@ -412,13 +411,12 @@ class Scheduler:
             pos = len(slot.cache)
             last = len(chunk) == len(slot.pending)
             for j, token in enumerate(chunk):
-                self._add(batch, n, token, pos + j, slot.seq_id, last and j == len(chunk) - 1)
+                batch.put(n, token, pos + j, slot.seq_id, last and j == len(chunk) - 1)
                 n += 1
             slot.fed = chunk
             slot.out = n - 1 if last else -1
             budget -= len(chunk)
-        batch.n_tokens = n
-        result = llama_cpp.llama_decode(self._model.ctx, batch)
+        result = batch.decode(self._model.ctx, n)
         self.steps += 1
         self.batch_sizes.append(n)
         self.last_activity = time.monotonic()
@@ -496,15 +494,6 @@ class Scheduler:
             llama_cpp.llama_memory_seq_rm(mem, slot.seq_id, -1, -1)
             slot.cache.clear()
             self._finish(slot, ERROR, InternalError("The model's memory could not drop a rejected draft."))
-
-    @staticmethod
-    def _add(batch: Any, i: int, token: int, pos: int, seq: int, logits: bool) -> None:
-        # `batch` is a llama_batch; its ctypes stubs type the pointer fields as arrays of arrays.
-        batch.token[i] = token
-        batch.pos[i] = pos
-        batch.n_seq_id[i] = 1
-        batch.seq_id[i][0] = seq
-        batch.logits[i] = logits
 
     def _decode_failed(self, active: list[_Slot], code: int) -> None:
         if code == 1:

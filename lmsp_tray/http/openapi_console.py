@@ -10,11 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from lmsp_tray.auth.console import CODE_PREFIX
-from lmsp_tray.http.openapi import SCOPE, _body, _json, _op, _path_param
+from lmsp_tray.http.openapi import _body, _json, _op, _path_param
 from lmsp_tray.http.openapi_parts import BOOL, INT, NULL, STR
 from lmsp_tray.http.openapi_parts import nullable as _nullable
 from lmsp_tray.http.openapi_parts import obj as _obj
 from lmsp_tray.http.openapi_parts import ref as _ref
+from lmsp_tray.http.openapi_schemas import SCOPE
 
 NUMBER = {"type": "number"}
 MAX_CURSOR = 10**15 - 1

@@ -1,4 +1,6 @@
-"""The JSON Schema building blocks the OpenAPI modules share (`openapi`, `openapi_downloads`).
+"""The JSON Schema building blocks the OpenAPI modules share.
+
+Used by `openapi`, `openapi_schemas`, `openapi_downloads` and `openapi_console`.
 
 Why a module: the document is assembled from several modules, and each needs the same
 references, nullable and object shapes; one definition keeps them identical.

@@ -1,0 +1,46 @@
+"""The `llama_batch` a model's thread fills token by token and hands to llama.cpp.
+
+Why a module: the generation scheduler (`scheduler`) and the embedding model's thread
+(`embedder`) feed llama.cpp the same way: one batch allocated for the model's life
+(`capacity` tokens, each in one sequence), filled position by position before every
+decode, freed when the model closes. The ctypes field writes live here once (llama-cpp-python's
+stubs type the pointer fields as arrays of arrays, so the batch is `Any` to the type checker).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import llama_cpp
+
+
+class Batch:
+    """A `llama_batch` of up to `capacity` tokens; only the thread that owns the context uses it."""
+
+    def __init__(self, capacity: int) -> None:
+        self.raw: Any = llama_cpp.llama_batch_init(capacity, 0, 1)
+
+    def put(self, i: int, token: int, pos: int, seq: int, logits: bool) -> None:
+        """Entry `i`: `token` at position `pos` of sequence `seq`; `logits`: llama.cpp computes its output."""
+        raw = self.raw
+        raw.token[i] = token
+        raw.pos[i] = pos
+        raw.n_seq_id[i] = 1
+        raw.seq_id[i][0] = seq
+        raw.logits[i] = logits
+
+    def decode(self, ctx: Any, n: int) -> int:
+        """`llama_decode` of entries 0..n-1; llama.cpp's result (0: done, 1: no room in the KV cache)."""
+        self.raw.n_tokens = n
+        return int(llama_cpp.llama_decode(ctx, self.raw))
+
+    def encode(self, ctx: Any, n: int) -> int:
+        """`llama_encode` of entries 0..n-1 (an encoder, which keeps no KV cache); llama.cpp's result."""
+        self.raw.n_tokens = n
+        return int(llama_cpp.llama_encode(ctx, self.raw))
+
+    def free(self) -> None:
+        """Give the memory back (once; later calls do nothing)."""
+        if self.raw is not None:
+            llama_cpp.llama_batch_free(self.raw)
+            self.raw = None
