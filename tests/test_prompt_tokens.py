@@ -10,6 +10,7 @@ conversations full of whitespace, partial markers and markers inside messages.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 
 from lmsp_tray.discovery.entry import GGUFInfo, ModelEntry
 from lmsp_tray.discovery.gguf_header import read_gguf_info
-from lmsp_tray.engine.model import PIECEWISE_FROM_CHARS, LlamaModel, LoadOptions
+from lmsp_tray.engine.model import LlamaModel, LoadOptions
 from lmsp_tray.engine.prompt_tokens import PromptTokenizer, SpecialToken, can_overlap, turn_markers
 from lmsp_tray.engine.runtime import Runtime
 
@@ -183,7 +184,6 @@ def test_gemma_pieces_equal_whole_prompts_and_a_continued_conversation_hits_the_
     _assert_pieces_equal_whole(gemma, tok)
     turns = [(f"Question {i}: tell me more about the lighthouse. " * 8, f"Answer {i}. " * 30) for i in range(12)]
     first = _render(gemma, turns[:-1])
-    assert len(first) >= PIECEWISE_FROM_CHARS  # the public path takes the pieces
     assert gemma.tokenize_prompt(first) == gemma.tokenize(first)
     misses = tok.misses
     second = _render(gemma, turns)
@@ -191,21 +191,19 @@ def test_gemma_pieces_equal_whole_prompts_and_a_continued_conversation_hits_the_
     assert tok.misses - misses <= 3  # the new answer, the new question, at most one more
 
 
-def test_the_first_long_prompt_builds_the_piece_tokenizer_off_the_callers_thread(tmp_path: Path) -> None:
+def test_the_piece_tokenizer_is_built_at_load_off_the_loading_thread(tmp_path: Path) -> None:
+    """Built on its own thread while llama.cpp makes the context: no request waits for it or shares
+    the CPU with it, and until it is ready prompts are tokenized whole."""
     from gguf_factory import write_tiny_gguf
 
     path = write_tiny_gguf(tmp_path / "fresh.gguf")
     model = _load(path, read_gguf_info(path))
     try:
-        short = model.render([{"role": "user", "content": "hello world"}])
-        assert model.tokenize_prompt(short) == model.tokenize(short)
-        assert model._prompt_tokenizer_thread is None  # short prompts never need it
+        thread = model._prompt_tokenizer_thread
+        assert thread is not None and thread is not threading.current_thread()
         turns = [(f"the local model {i} " * 12, "hello world " * 12) for i in range(12)]
         long = _render(model, turns)
-        assert len(long) >= PIECEWISE_FROM_CHARS
-        assert model.tokenize_prompt(long) == model.tokenize(long)  # whole, while it is being built
-        thread = model._prompt_tokenizer_thread
-        assert thread is not None
+        assert model.tokenize_prompt(long) == model.tokenize(long)  # whole, or in pieces if already built
         thread.join(60)
         tok = model._prompt_tokenizer
         assert tok is not None and tok.markers

@@ -46,9 +46,6 @@ from lmsp_tray.errors import (
 
 log = logging.getLogger("lmsp_tray.engine")
 
-# Prompts shorter than this are tokenized whole (a few ms at most); a longer one first builds the
-# model's piece tokenizer (one pass over the vocabulary's token attributes).
-PIECEWISE_FROM_CHARS = 4096
 # Texts longer than this (and than the window) are first checked against the window by length alone.
 SHORTCUT_FROM_CHARS = 1 << 16
 # An embedding model decodes up to this many inputs together (llama.cpp's limit is higher).
@@ -86,9 +83,11 @@ class LlamaModel:
         self.embeddings = bool(entry.info and entry.info.embeddings)
         self._grammars: GrammarBuilder | None = None
         self._on_step = on_step
-        self._prompt_tokenizer: PromptTokenizer | None = None  # built for the first long prompt
+        self._prompt_tokenizer: PromptTokenizer | None = None  # built in the background at load
         self._prompt_tokenizer_lock = threading.Lock()
         self._prompt_tokenizer_thread: threading.Thread | None = None
+        self._split: list[SpecialToken] | None = None  # the vocabulary's special tokens
+        self._loaded = threading.Event()  # set when the load ended, loaded or not
         self._on_load_progress = on_load_progress
         started = time.monotonic()
         mark = runtime.mark()
@@ -103,6 +102,7 @@ class LlamaModel:
             self.close()
             raise ModelLoadFailed(f"Could not load '{entry.id}': {exc}") from None
         finally:
+            self._loaded.set()
             self._log_tail = runtime.messages_since(mark)
         self.load_seconds = time.monotonic() - started
         log.info(
@@ -140,6 +140,13 @@ class LlamaModel:
         self._model = model
         self.vocab = llama_cpp.llama_model_get_vocab(model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        if not self.embeddings:
+            # Finding the special tokens walks the whole vocabulary (~0.1 s for Gemma 3's 262k tokens):
+            # done on a thread while llama.cpp makes the context, so no first request shares the CPU with it.
+            self._prompt_tokenizer_thread = threading.Thread(
+                target=self._prepare_prompt_tokenizer, name=f"lmsp-tokenizer-{self.id}", daemon=True
+            )
+            self._prompt_tokenizer_thread.start()
         self.context_length = plan.context_length
         trained = llama_cpp.llama_model_n_ctx_train(model)
         if trained > 0:
@@ -321,14 +328,7 @@ class LlamaModel:
                     param="input",
                 )
         tokenizer = self._prompt_tokenizer
-        if tokenizer is None:  # the first long prompt has it built off this thread, for the next ones
-            if len(text) >= PIECEWISE_FROM_CHARS:
-                with self._prompt_tokenizer_lock:
-                    if self._prompt_tokenizer_thread is None:
-                        self._prompt_tokenizer_thread = threading.Thread(
-                            target=self.prompt_tokenizer, name=f"lmsp-tokenizer-{self.id}", daemon=True
-                        )
-                        self._prompt_tokenizer_thread.start()
+        if tokenizer is None:  # still being built, off this thread
             return self.tokenize(text)
         return tokenizer.tokens(text) if tokenizer.markers else self.tokenize(text)
 
@@ -378,7 +378,8 @@ class LlamaModel:
             try:
                 probe = "Hello world.\n Hello"
                 composable = self.tokenize(probe) == start + piece(probe)  # no end-of-text token appended
-                markers = turn_markers(self._split_tokens(), self.template.source) if composable else []
+                split = self._split if self._split is not None else self._split_tokens()
+                markers = turn_markers(split, self.template.source) if composable else []
                 cache = max(1 << 16, 4 * self.context_length * self.parallel)
                 pieced = PromptTokenizer(piece, markers, start=start, max_cached_tokens=cache)
                 sample = self._sample_prompt()
@@ -391,6 +392,16 @@ class LlamaModel:
                 log.exception("%s: could not set up piecewise tokenization", self.id)
             self._prompt_tokenizer = tokenizer
             return tokenizer
+
+    def _prepare_prompt_tokenizer(self) -> None:
+        """At load, on its own thread: the special tokens at once, the piece tokenizer once loaded."""
+        try:
+            self._split = self._split_tokens()
+        except Exception:  # the piece tokenizer tries again, or tokenizes whole
+            log.exception("%s: could not list the special tokens", self.id)
+        self._loaded.wait()
+        if self.scheduler is not None and self._ctx is not None:
+            self.prompt_tokenizer()
 
     def _split_tokens(self) -> list[SpecialToken]:
         """The tokens llama.cpp splits out of text before tokenizing it."""
@@ -554,6 +565,7 @@ class LlamaModel:
 
     def close(self, *, drain: bool = False) -> None:
         """Stop the scheduler (letting running work finish with `drain`) and free memory."""
+        self._loaded.set()
         if self._prompt_tokenizer_thread is not None:
             self._prompt_tokenizer_thread.join()  # it reads the vocabulary freed below
         if self.embedder is not None:
