@@ -140,6 +140,7 @@ class LlamaModel:
         self._model = model
         self.vocab = llama_cpp.llama_model_get_vocab(model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.n_swa = max(0, llama_cpp.llama_model_n_swa(model))  # 0: no sliding-window layers
         if not self.embeddings:
             # Finding the special tokens walks the whole vocabulary (~0.1 s for Gemma 3's 262k tokens):
             # done on a thread while llama.cpp makes the context, so no first request shares the CPU with it.
@@ -162,7 +163,7 @@ class LlamaModel:
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.kv_unified = False
-        cparams.swa_full = True  # keeps whole-prefix reuse possible on sliding-window models
+        cparams.swa_full = False  # sliding-window layers keep their window only (`swa`)
         cparams.no_perf = True
         if self.embeddings:
             # Each input is one sequence, whole in one micro-batch (an encoder needs that); up to

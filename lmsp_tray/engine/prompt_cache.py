@@ -169,7 +169,7 @@ class PromptCache:
         best: Saved | None = None
         length = 0
         for saved in self.entries:
-            n = _common(saved.tokens, prompt)
+            n = common_prefix(saved.tokens, prompt)
             if n > length:
                 best, length = saved, n
         return best, length
@@ -177,7 +177,7 @@ class PromptCache:
     def holds(self, tokens: Sequence[int]) -> bool:
         """True when `tokens` are already saved (exactly, or as the start of a longer state)."""
         n = len(tokens)
-        return any(len(s.tokens) >= n and _common(s.tokens, tokens) == n for s in self.entries)
+        return any(len(s.tokens) >= n and common_prefix(s.tokens, tokens) == n for s in self.entries)
 
     # -- restore --------------------------------------------------------------------------------
     def load(self, saved: Saved) -> tuple[bytearray, int, int] | None:
@@ -297,7 +297,8 @@ def _starts(tokens: Sequence[int], prefix: Sequence[int]) -> bool:
     return len(prefix) <= len(tokens) and tuple(tokens[: len(prefix)]) == tuple(prefix)
 
 
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens `a` and `b` share from the start (the scheduler's and the cache's measure)."""
     n = min(len(a), len(b))
     if tuple(a[:n]) == tuple(b[:n]):
         return n

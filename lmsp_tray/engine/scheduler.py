@@ -47,9 +47,10 @@ from lmsp_tray.engine.jobs import (
     GrammarTrigger,
     TokenLogprob,
 )
-from lmsp_tray.engine.prompt_cache import MIN_TOKENS, PromptCache
+from lmsp_tray.engine.prompt_cache import MIN_TOKENS, PromptCache, common_prefix
 from lmsp_tray.engine.sampling import GrammarError, Sampler, SamplingParams
 from lmsp_tray.engine.speculation import Drafter, DrafterFactory, Drafting, PromptLookup
+from lmsp_tray.engine.swa import Windows
 from lmsp_tray.engine.textstream import TextStream
 from lmsp_tray.errors import (
     ContextLengthExceeded,
@@ -108,20 +109,6 @@ class _Slot:
     draft: Sequence[int] = ()
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
 class Scheduler:
     def __init__(
         self,
@@ -144,6 +131,8 @@ class Scheduler:
         self.drafter: DrafterFactory = PromptLookup  # what proposes a sequence's drafts
         self._on_step = on_step
         self._slots = [_Slot(i) for i in range(parallel)]
+        n_swa = model.n_swa
+        self.windows = Windows(model.ctx, model.memory, n_swa) if n_swa > 0 else None  # sliding-window layers
         self._ctx_seq = context_per_sequence
         self._batch_size = batch_size
         self._busy_chunk = min(busy_prompt_chunk, batch_size)
@@ -302,11 +291,13 @@ class Scheduler:
         if self.prompt_cache is not None:
             self._restore(slot, job.prompt)
         keep = min(common_prefix(slot.cache, job.prompt), len(job.prompt) - 1)
+        if self.windows is not None:
+            keep = self.windows.resume_at(slot.seq_id, keep)
         if keep < len(slot.cache):
             slot.saved = False
         mem = self._model.memory
         if not llama_cpp.llama_memory_seq_rm(mem, slot.seq_id, keep, -1):
-            llama_cpp.llama_memory_seq_rm(mem, slot.seq_id, -1, -1)
+            self._clear(slot.seq_id)
             keep = 0
         del slot.cache[keep:]
         slot.pending = job.prompt[keep:]
@@ -336,6 +327,8 @@ class Scheduler:
         if saved is None or min(length, len(prompt) - 1) < common_prefix(slot.cache, prompt) + RESTORE_GAIN:
             return
         slot.cache.clear()
+        if self.windows is not None:
+            self.windows.drop(slot.seq_id)
         if kv_states.restore(self._model.ctx, self._model.memory, slot.seq_id, cache, saved):
             slot.cache = list(saved.tokens)
             slot.saved = True
@@ -433,6 +426,8 @@ class Scheduler:
             slot.saved = False
             if slot.pending:
                 slot.pending = slot.pending[len(slot.fed) :]
+                if not slot.pending and self.windows is not None:
+                    self.windows.take(slot.seq_id)  # the prompt is in: a point to come back to
             if slot.out >= 0:
                 assert slot.sampler is not None
                 try:
@@ -491,7 +486,7 @@ class Scheduler:
         self.accepted += kept
         mem = self._model.memory  # the rejected drafts' KV goes; the next step writes there
         if not llama_cpp.llama_memory_seq_rm(mem, slot.seq_id, len(slot.cache), -1) and slot.job is not None:
-            llama_cpp.llama_memory_seq_rm(mem, slot.seq_id, -1, -1)
+            self._clear(slot.seq_id)
             slot.cache.clear()
             self._finish(slot, ERROR, InternalError("The model's memory could not drop a rejected draft."))
 
@@ -505,9 +500,15 @@ class Scheduler:
         log.warning("llama_decode returned %s for %s", code, self._model.id)
         for slot in active:
             if slot.fed:
-                llama_cpp.llama_memory_seq_rm(self._model.memory, slot.seq_id, -1, -1)
+                self._clear(slot.seq_id)
                 slot.cache.clear()
                 self._finish(slot, ERROR, error)
+
+    def _clear(self, seq_id: int) -> None:
+        """Empty a sequence's KV (and forget its checkpoints)."""
+        llama_cpp.llama_memory_seq_rm(self._model.memory, seq_id, -1, -1)
+        if self.windows is not None:
+            self.windows.drop(seq_id)
 
     def _logprob(self, index: int, token: int, top: int) -> TokenLogprob:
         """The token's log probability from the raw logits of output `index` (before sampling settings)."""

@@ -1,0 +1,95 @@
+"""Sliding-window layers keep only their window, and checkpoints of it let a sequence go back.
+
+Why: Gemma 3 and other models attend over a sliding window of `n_swa` positions in
+most layers. Keeping every position in those layers too (llama.cpp's `swa_full`) lets
+any prefix of a sequence be reused, but makes each prompt token attend over the whole
+history there: llama-server itself evaluates a 5,400-token conversation on Gemma 3
+270M 1.15x slower with `--swa-full` than without (7.41 vs 6.45 s, 4 rounds each,
+interleaved). So those layers keep their window only, as llama-server does by default.
+
+The cost is going back: a sequence can go on from position `p` only while its
+window layers still hold the positions before `p` that `p` attends to. Going on from
+the end (the next turn of a conversation, rejected speculative drafts) always can;
+going back further (regenerating a long reply, editing the last message) needs a
+**checkpoint**: a copy of the window layers' cells (llama.cpp's partial sequence
+state, ~16 MiB on Gemma 3 270M) taken when a prompt has been evaluated. A sequence
+keeps its last `CHECKPOINTS`; with none that fits, the prompt is evaluated again from
+the start. The same rule, and the same kind of checkpoints, as llama-server's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from dataclasses import dataclass, field
+
+import llama_cpp
+
+log = logging.getLogger("lmsp_tray.engine")
+
+CHECKPOINTS = 2  # per sequence: the last prompt's end, and the one before (editing the last message)
+PARTIAL = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+
+
+@dataclass
+class Checkpoint:
+    pos_min: int  # the first and last positions its window cells hold
+    pos_max: int
+    data: ctypes.Array[ctypes.c_uint8]
+
+
+@dataclass
+class Windows:
+    """The window layers' checkpoints of every sequence of one context (scheduler thread only)."""
+
+    ctx: llama_cpp.llama_context_p
+    memory: llama_cpp.llama_memory_t
+    n_swa: int
+    checkpoints: dict[int, list[Checkpoint]] = field(default_factory=dict)
+    restored: int = 0  # checkpoints brought back, and prompts evaluated again for want of one
+    reset: int = 0
+
+    def resume_at(self, seq_id: int, keep: int) -> int:
+        """How much of the sequence's first `keep` positions can stay: `keep` while its window cells
+        reach back far enough (restoring a checkpoint if need be, which may give a little less), 0
+        when nothing can. Checkpoints past the answer are dropped."""
+        if keep > 0 and not self._reaches(llama_cpp.llama_memory_seq_pos_min(self.memory, seq_id), keep):
+            usable = [c for c in self.checkpoints.get(seq_id, ()) if c.pos_max <= keep]
+            best = max(usable, key=lambda c: c.pos_max, default=None)
+            size = len(best.data) if best is not None else 0
+            if best is not None and llama_cpp.llama_state_seq_set_data_ext(self.ctx, best.data, size, seq_id, PARTIAL):
+                keep = best.pos_max  # its last position is evaluated again, as llama-server does
+                self.restored += 1
+            else:
+                log.info("sequence %d: evaluating the prompt again (its window layers no longer reach back)", seq_id)
+                keep = 0
+                self.reset += 1
+        self.drop(seq_id, after=keep)
+        return keep
+
+    def take(self, seq_id: int) -> None:
+        """Checkpoint the sequence as it is now (a prompt just evaluated), when it is past the window."""
+        pos_min = llama_cpp.llama_memory_seq_pos_min(self.memory, seq_id)
+        pos_max = llama_cpp.llama_memory_seq_pos_max(self.memory, seq_id)
+        if pos_max < self.n_swa or not self._reaches(pos_min, pos_max):
+            return
+        size = llama_cpp.llama_state_seq_get_size_ext(self.ctx, seq_id, PARTIAL)
+        if not size:
+            return
+        data = (ctypes.c_uint8 * size)()
+        if llama_cpp.llama_state_seq_get_data_ext(self.ctx, data, size, seq_id, PARTIAL) != size:
+            return
+        kept = [c for c in self.checkpoints.get(seq_id, ()) if c.pos_max < pos_max]
+        self.checkpoints[seq_id] = [*kept, Checkpoint(pos_min, pos_max, data)][-CHECKPOINTS:]
+
+    def drop(self, seq_id: int, *, after: int = -1) -> None:
+        """Forget the sequence's checkpoints that hold positions from `after` on (all: -1)."""
+        kept = [c for c in self.checkpoints.get(seq_id, ()) if after >= 0 and c.pos_max <= after]
+        if kept:
+            self.checkpoints[seq_id] = kept
+        else:
+            self.checkpoints.pop(seq_id, None)
+
+    def _reaches(self, pos_min: int, pos: int) -> bool:
+        """Do window cells from `pos_min` on cover what position `pos` attends to?"""
+        return pos_min <= 0 or pos_min < pos - self.n_swa

@@ -1,0 +1,117 @@
+"""Sliding-window layers keep their window only; going back restores a checkpoint or starts over.
+
+Real llama.cpp on the real Gemma 3 270M file (sliding window of 512 positions in 15
+of its 18 layers). One sequence, greedy: after a turn has pushed the window past
+where the next prompt departs from the cached one, the next answer must equal the
+answer the same prompt gets on a fresh model, whether a checkpoint brought the
+window back (editing the last message) or the prompt was evaluated again (a
+departure earlier than any checkpoint). Wrong window cells would change it.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lmsp_tray.discovery.entry import ModelEntry
+from lmsp_tray.discovery.gguf_header import read_gguf_info
+from lmsp_tray.engine.jobs import Finish, GenerationJob
+from lmsp_tray.engine.load_plan import LoadOptions
+from lmsp_tray.engine.model import LlamaModel
+from lmsp_tray.engine.runtime import Runtime
+from lmsp_tray.engine.sampling import SamplingParams
+
+pytestmark = pytest.mark.gemma
+
+TOPICS = ["lighthouse", "harbour", "weather", "ships", "lamp", "reef", "letters", "gulls", "tide", "storm"]
+
+
+def text(seed: int, sentences: int) -> str:
+    return " ".join(
+        f"Note {seed}.{i}: the {TOPICS[(seed + i) % 10]} and the {TOPICS[(seed * 3 + i * 7) % 10]} at {i % 24} o'clock."
+        for i in range(sentences)
+    )
+
+
+def load(path: Path) -> LlamaModel:
+    entry = ModelEntry("gemma", path, "custom", path.stat().st_size, (path,), read_gguf_info(path))
+    return LlamaModel(Runtime(), entry, LoadOptions(threads=2, parallel=1, context_cap=4096, speculative=False))
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_gguf: Path) -> Iterator[LlamaModel]:
+    model = load(gemma_gguf)
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def fresh(gemma_gguf: Path) -> Iterator[LlamaModel]:
+    model = load(gemma_gguf)
+    yield model
+    model.close()
+
+
+def answer(model: LlamaModel, prompt: list[int], tokens: int = 12) -> str:
+    out: queue.Queue = queue.Queue()
+    model.submit(GenerationJob(prompt, SamplingParams(temperature=0.0), tokens, out.put))
+    parts = []
+    while not isinstance(item := out.get(timeout=300), Finish):
+        parts.append(item)
+    return "".join(parts)
+
+
+def alone(fresh: LlamaModel, prompt: list[int], tokens: int = 12) -> str:
+    """The answer from nothing cached: the fresh model's sequence emptied first."""
+    assert fresh.scheduler is not None
+    fresh.scheduler.windows and fresh.scheduler.windows.drop(0)
+    answer(fresh, fresh.tokenize("<start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\n"), 1)
+    return answer(fresh, prompt, tokens)
+
+
+def test_gemma_keeps_only_its_window(gemma: LlamaModel) -> None:
+    assert gemma.n_swa == 512
+    assert gemma.scheduler is not None and gemma.scheduler.windows is not None
+
+
+def test_editing_the_last_message_restores_a_checkpoint(gemma: LlamaModel, fresh: LlamaModel) -> None:
+    windows = gemma.scheduler.windows if gemma.scheduler else None
+    assert windows is not None
+    first = gemma.tokenize(f"<start_of_turn>user\n{text(1, 40)}")  # ~780 tokens: past the window
+    answer(gemma, first, 2)
+    longer = first + gemma.tokenize(f" {text(2, 50)}", add_special=False)  # ~970 more: the window moves on
+    answer(gemma, longer, 2)
+    edited = first + gemma.tokenize(
+        " Which notes mention the tide? List them.<end_of_turn>\n<start_of_turn>model\n", add_special=False
+    )
+    restored = windows.restored
+    got = answer(gemma, edited, 32)
+    assert windows.restored == restored + 1  # the checkpoint at the end of `first` came back
+    assert got == alone(fresh, edited, 32)
+
+
+def test_going_back_before_every_checkpoint_evaluates_again(gemma: LlamaModel, fresh: LlamaModel) -> None:
+    windows = gemma.scheduler.windows if gemma.scheduler else None
+    assert windows is not None
+    base = gemma.tokenize(f"<start_of_turn>user\n{text(3, 100)}")  # ~1,950 tokens
+    answer(gemma, base, 2)
+    early = base[:700] + gemma.tokenize(" In short?<end_of_turn>\n<start_of_turn>model\n", add_special=False)
+    reset = windows.reset
+    got = answer(gemma, early)
+    assert windows.reset == reset + 1
+    assert got == alone(fresh, early)
+
+
+def test_going_on_from_the_end_keeps_everything(gemma: LlamaModel, fresh: LlamaModel) -> None:
+    windows = gemma.scheduler.windows if gemma.scheduler else None
+    assert windows is not None
+    base = gemma.tokenize(f"<start_of_turn>user\n{text(4, 50)}")
+    answer(gemma, base, 2)
+    more = base + gemma.tokenize(" Go on.<end_of_turn>\n<start_of_turn>model\n", add_special=False)
+    restored, reset = windows.restored, windows.reset
+    got = answer(gemma, more)
+    assert (windows.restored, windows.reset) == (restored, reset)
+    assert got == alone(fresh, more)
