@@ -51,27 +51,27 @@ class Windows:
 
     def resume_at(self, seq_id: int, keep: int) -> int:
         """How much of the sequence's first `keep` positions can stay: `keep` while its window cells
-        reach back far enough (restoring a checkpoint if need be, which may give a little less), 0
-        when nothing can. Checkpoints past the answer are dropped."""
+        reach back far enough, else what a checkpoint restores (a little less), else 0. Checkpoints
+        holding positions from the answer on are dropped (those positions are about to change)."""
         if keep > 0 and not self._reaches(llama_cpp.llama_memory_seq_pos_min(self.memory, seq_id), keep):
-            usable = [c for c in self.checkpoints.get(seq_id, ()) if c.pos_max <= keep]
+            usable = [c for c in self.checkpoints.get(seq_id, ()) if c.pos_max < keep]
             best = max(usable, key=lambda c: c.pos_max, default=None)
             size = len(best.data) if best is not None else 0
             if best is not None and llama_cpp.llama_state_seq_set_data_ext(self.ctx, best.data, size, seq_id, PARTIAL):
-                keep = best.pos_max  # its last position is evaluated again, as llama-server does
+                keep = best.pos_max + 1
                 self.restored += 1
             else:
                 log.info("sequence %d: evaluating the prompt again (its window layers no longer reach back)", seq_id)
                 keep = 0
                 self.reset += 1
-        self.drop(seq_id, after=keep)
+        self.drop(seq_id, before=keep)
         return keep
 
     def take(self, seq_id: int) -> None:
         """Checkpoint the sequence as it is now (a prompt just evaluated), when it is past the window."""
         pos_min = llama_cpp.llama_memory_seq_pos_min(self.memory, seq_id)
         pos_max = llama_cpp.llama_memory_seq_pos_max(self.memory, seq_id)
-        if pos_max < self.n_swa or not self._reaches(pos_min, pos_max):
+        if pos_max < self.n_swa or not self._reaches(pos_min, pos_max + 1):
             return
         size = llama_cpp.llama_state_seq_get_size_ext(self.ctx, seq_id, PARTIAL)
         if not size:
@@ -82,14 +82,15 @@ class Windows:
         kept = [c for c in self.checkpoints.get(seq_id, ()) if c.pos_max < pos_max]
         self.checkpoints[seq_id] = [*kept, Checkpoint(pos_min, pos_max, data)][-CHECKPOINTS:]
 
-    def drop(self, seq_id: int, *, after: int = -1) -> None:
-        """Forget the sequence's checkpoints that hold positions from `after` on (all: -1)."""
-        kept = [c for c in self.checkpoints.get(seq_id, ()) if after >= 0 and c.pos_max <= after]
+    def drop(self, seq_id: int, *, before: int = 0) -> None:
+        """Forget the sequence's checkpoints except those wholly before position `before` (all: 0)."""
+        kept = [c for c in self.checkpoints.get(seq_id, ()) if c.pos_max < before]
         if kept:
             self.checkpoints[seq_id] = kept
         else:
             self.checkpoints.pop(seq_id, None)
 
     def _reaches(self, pos_min: int, pos: int) -> bool:
-        """Do window cells from `pos_min` on cover what position `pos` attends to?"""
-        return pos_min <= 0 or pos_min < pos - self.n_swa
+        """Do window cells from `pos_min` on hold every position the token at `pos` attends to? (llama.cpp
+        masks a position `n_swa` or more before it; a chunked window starts later, never earlier.)"""
+        return pos_min <= 0 or pos_min <= pos - self.n_swa + 1
