@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import queue
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -240,6 +241,43 @@ def test_the_disk_budget_evicts_the_least_recently_used(tmp_path: Path, tiny: Pa
     assert saved_a.path.exists() and not saved_b.path.exists()
     assert [len(s.tokens) for s in cache.entries] == [300, 300]
     assert PromptCache(tmp_path, tiny, key, budget_bytes=1 << 20).best(b)[1] == 0  # gone from disk too
+
+
+def test_a_state_is_written_only_while_no_request_runs(tmp_path: Path, tiny: Path) -> None:
+    """The writer waits between slices while the scheduler says a request runs, then finishes."""
+    cache = PromptCache(tmp_path, tiny, b"k" * 32, budget_bytes=1 << 30)
+    cache.quiet.clear()  # what the scheduler does while it decodes
+    cache.save([5] * 300, os.urandom(5 << 20))  # a few slices
+    time.sleep(0.5)
+    assert cache.saves == 0 and not saved_files(tmp_path)
+    cache.quiet.set()  # idle again
+    deadline = time.monotonic() + 30
+    while cache.saves == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert cache.saves == 1 and len(saved_files(tmp_path)) == 1
+    cache.close()
+    assert cache.best([5] * 301)[1] == 300
+
+
+def test_a_model_is_quiet_only_while_idle(load, tiny: Path, tmp_path: Path) -> None:
+    model = load(tiny, options(tmp_path / "pc"))
+    cache = model.prompt_cache
+    assert cache is not None and cache.quiet.is_set()
+    seen: list[bool] = []
+    out: queue.Queue = queue.Queue()
+
+    def sink(item: object) -> None:
+        seen.append(cache.quiet.is_set())
+        out.put(item)
+
+    model.submit(GenerationJob(history(model), SamplingParams(temperature=0.0), 8, sink))
+    while not isinstance(out.get(timeout=60), Finish):
+        pass
+    assert seen and not any(seen)  # never quiet while the request ran
+    deadline = time.monotonic() + 10
+    while not cache.quiet.is_set() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert cache.quiet.is_set()
 
 
 def test_over_http_the_unloaded_conversation_resumes_from_disk(daemon_factory) -> None:

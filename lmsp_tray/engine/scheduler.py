@@ -222,6 +222,8 @@ class Scheduler:
                 with self._cond:
                     while not self._stopping and not self._queue and all(s.job is None for s in self._slots):
                         self._cond.notify_all()  # wakes a draining stop()
+                        if self.prompt_cache is not None:
+                            self.prompt_cache.quiet.set()  # no request runs: saved states may be written
                         if self.prompt_cache is None or all(s.saved for s in self._slots):
                             self._cond.wait()
                         elif not self._cond.wait(self._idle_save_s) and not self._queue and not self._stopping:
@@ -233,6 +235,8 @@ class Scheduler:
                 if save:
                     self.save_states()
                     continue
+                if self.prompt_cache is not None:
+                    self.prompt_cache.quiet.clear()  # a request runs: writes wait between slices
                 for slot in admitted:
                     self._prepare(slot)
                 self._step()

@@ -280,6 +280,7 @@ class Service:
                 threads=p.threads,
                 parallel=loaded.parallel,
                 loaded_at=int(loaded.loaded_at),
+                load_seconds=round(loaded.load_seconds, 3),  # the last load, the model process's start included
                 memory_bytes=loaded.plan.ram_bytes,  # estimated from the load plan
                 gpu_memory_bytes=loaded.plan.vram_bytes,
             )
