@@ -168,3 +168,17 @@ def test_a_saved_state_holds_just_the_window_and_the_next_turn_goes_on_from_it(
     finally:
         again.close()
     assert_same(got, alone(fresh, turn))
+
+
+def test_checkpoints_keep_to_their_byte_budget_dropping_the_oldest() -> None:
+    import ctypes
+
+    from lmsp_tray.engine.swa import Checkpoint, Windows
+
+    windows = Windows(ctx=None, memory=None, n_swa=512, budget_bytes=3000)
+    for taken, (seq, pos) in enumerate([(0, 600), (1, 700), (0, 900)], start=1):
+        windows.checkpoints.setdefault(seq, []).append(Checkpoint(1, pos, (ctypes.c_uint8 * 1000)(), taken))
+    windows._fit(2000)  # room for two: the oldest (sequence 0's first) goes
+    assert {seq: [c.pos_max for c in cs] for seq, cs in windows.checkpoints.items()} == {0: [900], 1: [700]}
+    windows.drop(0, before=900)
+    assert 0 not in windows.checkpoints

@@ -28,6 +28,8 @@ import llama_cpp
 log = logging.getLogger("lmsp_tray.engine")
 
 CHECKPOINTS = 2  # per sequence: the last prompt's end, and the one before (editing the last message)
+CHECKPOINT_BYTES = 1 << 30  # all sequences' checkpoints together; the oldest go first (a 12B model's are
+# about 0.3 GiB each, Gemma 3 270M's 7.5 MiB)
 PARTIAL = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
 
 
@@ -36,6 +38,7 @@ class Checkpoint:
     pos_min: int  # the first and last positions its window cells hold
     pos_max: int
     data: ctypes.Array[ctypes.c_uint8]
+    taken: int = 0  # order of taking, for the byte budget
 
 
 @dataclass
@@ -46,8 +49,10 @@ class Windows:
     memory: llama_cpp.llama_memory_t
     n_swa: int
     checkpoints: dict[int, list[Checkpoint]] = field(default_factory=dict)
+    budget_bytes: int = CHECKPOINT_BYTES
     restored: int = 0  # checkpoints brought back, and prompts evaluated again for want of one
     reset: int = 0
+    taken: int = 0
 
     def resume_at(self, seq_id: int, keep: int) -> int:
         """How much of the sequence's first `keep` positions can stay: `keep` while its window cells
@@ -74,13 +79,26 @@ class Windows:
         if pos_max < self.n_swa or not self._reaches(pos_min, pos_max + 1):
             return
         size = llama_cpp.llama_state_seq_get_size_ext(self.ctx, seq_id, PARTIAL)
-        if not size:
+        if not size or size > self.budget_bytes:
             return
+        kept = [c for c in self.checkpoints.get(seq_id, ()) if c.pos_max < pos_max]
+        self.checkpoints[seq_id] = kept[-(CHECKPOINTS - 1) :] if CHECKPOINTS > 1 else []
+        self._fit(self.budget_bytes - size)
         data = (ctypes.c_uint8 * size)()
         if llama_cpp.llama_state_seq_get_data_ext(self.ctx, data, size, seq_id, PARTIAL) != size:
             return
-        kept = [c for c in self.checkpoints.get(seq_id, ()) if c.pos_max < pos_max]
-        self.checkpoints[seq_id] = [*kept, Checkpoint(pos_min, pos_max, data)][-CHECKPOINTS:]
+        self.taken += 1
+        self.checkpoints[seq_id].append(Checkpoint(pos_min, pos_max, data, self.taken))
+
+    def _fit(self, room: int) -> None:
+        """Drop the oldest checkpoints of any sequence until the rest take at most `room` bytes."""
+        every = sorted((c.taken, seq, c) for seq, cs in self.checkpoints.items() for c in cs)
+        used = sum(len(c.data) for _, _, c in every)
+        for _, seq, c in every:
+            if used <= room:
+                return
+            self.checkpoints[seq].remove(c)
+            used -= len(c.data)
 
     def drop(self, seq_id: int, *, before: int = 0) -> None:
         """Forget the sequence's checkpoints except those wholly before position `before` (all: 0)."""
