@@ -61,7 +61,7 @@ class Recorder:
     def append(self, token: int) -> None:
         self.tokens.append(token)
 
-    def draft(self, limit: int) -> list[int]:
+    def draft(self, limit: int, long_limit: int = 0) -> list[int]:
         return []
 
 
@@ -78,7 +78,7 @@ class Oracle:
     def append(self, token: int) -> None:
         self.tokens.append(token)
 
-    def draft(self, limit: int) -> list[int]:
+    def draft(self, limit: int, long_limit: int = 0) -> list[int]:
         at = len(self.tokens)
         draft = list(self.future[at : at + limit])
         self.calls += 1
@@ -223,6 +223,15 @@ def test_prompt_lookup_prefers_the_longer_match() -> None:
     # (7, 8, 2, 3) occurred once, followed by 50; (8, 2, 3) occurred later, followed by 60.
     lookup = PromptLookup([7, 8, 2, 3, 50, 0, 8, 2, 3, 60, 7, 8, 2, 3])
     assert lookup.draft(1) == [50]
+
+
+def test_a_copied_passage_drafts_long_at_once() -> None:
+    passage = list(range(100, 180))  # 80 tokens, then its first 12 again: a passage being copied
+    lookup = PromptLookup([*passage, 1, 2, *passage[:12]])
+    assert lookup.draft(2, 48) == passage[12:60]  # a 12-token match: up to the long limit
+    assert lookup.draft(2) == passage[12:14]  # without one: the adaptive limit
+    short = PromptLookup([*passage, 1, 2, *passage[8:12]])
+    assert short.draft(2, 48) == passage[12:14]  # a 4-token match stays short
 
 
 def test_drafting_grows_on_success_and_pauses_after_misses() -> None:

@@ -49,7 +49,7 @@ from lmsp_tray.engine.jobs import (
 )
 from lmsp_tray.engine.prompt_cache import MIN_TOKENS, PromptCache, common_prefix
 from lmsp_tray.engine.sampling import GrammarError, Sampler, SamplingParams
-from lmsp_tray.engine.speculation import Drafter, DrafterFactory, Drafting, PromptLookup
+from lmsp_tray.engine.speculation import LONG_DRAFT, Drafter, DrafterFactory, Drafting, PromptLookup
 from lmsp_tray.engine.swa import Windows
 from lmsp_tray.engine.textstream import TextStream
 from lmsp_tray.errors import (
@@ -461,7 +461,7 @@ class Scheduler:
         lookup = slot.lookup
         if lookup is None:  # indexed when first needed: the prompt and what was generated since
             lookup = slot.lookup = self.drafter([*slot.cache, slot.last_token])
-        return lookup.draft(limit)
+        return lookup.draft(limit, min(LONG_DRAFT, room))
 
     def _verify(self, slot: _Slot) -> None:
         """After a speculative step: sample each position in order, keep draft tokens while they
