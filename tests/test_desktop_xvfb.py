@@ -257,8 +257,8 @@ def test_the_xorg_icon_survives_non_latin1_text_and_says_it_has_no_menu(tmp_path
         try:
             url = tray.url()
             window = tray.icon_window()
-            text = tray.said("from the system tray (xorg)")
-            assert "PYSTRAY_BACKEND=xorg: this icon has no menu; install PyGObject" in text
+            text = tray.said("PYSTRAY_BACKEND=xorg: this icon has no menu; install PyGObject")  # said just after:
+            assert "from the system tray (xorg). Click the icon for its state" in text
             d = xdisplay.Display(x.display_name)
             try:
                 name = d.create_resource_object("window", window).get_wm_name()

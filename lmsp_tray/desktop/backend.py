@@ -396,9 +396,14 @@ def run_tray(
             log.info("the tray icon is shown now (%s)", app.toolkit)
             return
         announced.set()
+        how = (
+            "Click the icon for its state; quit with Ctrl+C or `lmsp-tray stop`."  # xorg's icon has no menu
+            if app.toolkit == "xorg"
+            else "Click the icon for its menu; quit from it, with Ctrl+C or `lmsp-tray stop`."
+        )
         reporter.notice(
             f"lmsp-tray {__version__} serving {url} with {model_count} model(s) from the system tray "
-            f"({app.toolkit}). Click the icon for its menu; quit from it, with Ctrl+C or `lmsp-tray stop`.",
+            f"({app.toolkit}). {how}",
             summary="lmsp-tray",
             notify=False,
         )
