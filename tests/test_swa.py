@@ -182,3 +182,24 @@ def test_checkpoints_keep_to_their_byte_budget_dropping_the_oldest() -> None:
     assert {seq: [c.pos_max for c in cs] for seq, cs in windows.checkpoints.items()} == {0: [900], 1: [700]}
     windows.drop(0, before=900)
     assert 0 not in windows.checkpoints
+
+
+def test_a_saved_state_is_not_restored_for_a_prompt_that_leaves_it_early(
+    gemma_gguf: Path, fresh: LlamaModel, tmp_path: Path
+) -> None:
+    """Its window cells end where it ends, so a prompt departing ~300 tokens before that cannot use it:
+    it is left on disk, not loaded and thrown away."""
+    first = load(gemma_gguf, tmp_path)
+    history = first.tokenize(f"<start_of_turn>user\n{text(6, 60)}")
+    answer(first, history, 2)
+    first.close()
+    again = load(gemma_gguf, tmp_path)
+    try:
+        early = history[:900] + again.tokenize(" In short?<end_of_turn>\n<start_of_turn>model\n", add_special=False)
+        got = answer(again, early)
+        assert again.prompt_cache is not None and again.prompt_cache.restores == 0
+        assert again.scheduler is not None and again.scheduler.windows is not None
+        assert again.scheduler.windows.reset == 0
+    finally:
+        again.close()
+    assert_same(got, alone(fresh, early))

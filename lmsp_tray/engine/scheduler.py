@@ -328,8 +328,11 @@ class Scheduler:
         cache = self.prompt_cache
         assert cache is not None
         saved, length = cache.best(prompt)
-        if saved is None or min(length, len(prompt) - 1) < common_prefix(slot.cache, prompt) + RESTORE_GAIN:
+        keep = min(length, len(prompt) - 1)
+        if saved is None or keep < common_prefix(slot.cache, prompt) + RESTORE_GAIN:
             return
+        if self.windows is not None and not self.windows.saved_reaches(len(saved.tokens), keep):
+            return  # its window cells end where it ends: it cannot go on from further back
         slot.cache.clear()
         if self.windows is not None:
             self.windows.drop(slot.seq_id)

@@ -108,6 +108,11 @@ class Windows:
         else:
             self.checkpoints.pop(seq_id, None)
 
+    def saved_reaches(self, length: int, keep: int) -> bool:
+        """Can a state saved with `length` positions go on from `keep`? llama.cpp saves only the live
+        window cells (the last `n_swa` positions), so only from its end, or one before."""
+        return self._reaches(max(0, length - self.n_swa), keep)
+
     def _reaches(self, pos_min: int, pos: int) -> bool:
         """Do window cells from `pos_min` on hold every position the token at `pos` attends to? (llama.cpp
         masks a position `n_swa` or more before it; a chunked window starts later, never earlier.)"""
