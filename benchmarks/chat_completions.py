@@ -19,13 +19,11 @@ import concurrent.futures as cf
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
-from common import GEMMA_ID, ROOT, Sample, gemma_path, lmsp_service, physical_cores, print_table
+from common import GEMMA_ID, Sample, gemma_path, llama_server_binary, lmsp_service, physical_cores, print_table
 from throughput import llama_server, message
 
 
@@ -83,11 +81,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="1 round")
     args = parser.parse_args()
     rounds = 1 if args.quick else args.rounds
-    binary = Path(
-        subprocess.run(
-            [str(ROOT / "benchmarks" / "build_llama_server.sh")], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    )
+    binary = llama_server_binary()
     model = gemma_path()
     print(
         f"machine: {os.cpu_count()} CPUs, {args.threads} threads; {model.name}; {args.tokens} tokens; "

@@ -20,7 +20,7 @@ import argparse
 import statistics
 
 import httpx
-from common import CACHE, GEMMA_ID, gemma_path, lmsp_service, physical_cores
+from common import GEMMA_ID, gemma_path, llama_server_binary, lmsp_service, physical_cores
 from long_history import history, stream_llama_server
 from throughput import history_prompt, llama_server, lmsp_history_turn
 
@@ -32,7 +32,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=physical_cores())
     args = parser.parse_args()
     model = gemma_path()
-    binary = CACHE / "llama-server-0.3.36" / "bin" / "llama-server"
+    binary = llama_server_binary()
     base = history(args.history_turns)
     question = "What should the keeper do next, in one line?"
     rows: dict[str, list[float]] = {"lmsp-tray, fresh": [], "lmsp-tray, reloaded": [], "llama-server -np 1": []}

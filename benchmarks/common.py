@@ -45,6 +45,13 @@ def gemma_path() -> Path:
     return assemble(CACHE / MODEL_NAME)
 
 
+def llama_server_binary() -> Path:
+    """llama-server built from the llama.cpp that llama-cpp-python vendors (`build_llama_server.sh`:
+    about 15 minutes on 2 cores the first time, then just the cached path)."""
+    script = ROOT / "benchmarks" / "build_llama_server.sh"
+    return Path(subprocess.run([str(script)], capture_output=True, text=True, check=True).stdout.strip())
+
+
 def physical_cores() -> int:
     sys.path.insert(0, str(ROOT))
     from lmsp_tray.engine.runtime import physical_cores as cores

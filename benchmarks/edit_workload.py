@@ -17,14 +17,13 @@ import contextlib
 import json
 import statistics
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import CACHE, gemma_path, lmsp_service, physical_cores, print_table
+from common import gemma_path, llama_server_binary, lmsp_service, physical_cores, print_table, stream_lmsp_turn
 from throughput import llama_server
 
 TEXT = (
@@ -93,32 +92,8 @@ NGRAM_TYPES = ("ngram-simple", "ngram-mod", "ngram-cache")
 
 def lmsp_run(c: httpx.Client, url, message: str, tokens: int) -> tuple[float, str, int]:
     """Decode tokens/s after the first token, the text, and output tokens."""
-    body = {
-        "model": "gemma-3:270m-q4_k_m",
-        "input": [{"role": "user", "content": message}],
-        "stream": True,
-        "temperature": 0,
-        "max_output_tokens": tokens,
-    }
-    first = last = None
-    text: list[str] = []
-    n = 0
-    with c.stream("POST", f"{url}/responses", json=body, headers=url.headers) as r:
-        r.raise_for_status()
-        event = ""
-        for line in r.iter_lines():
-            if line.startswith("event: "):
-                event = line[7:]
-            elif line.startswith("data: "):
-                if event == "response.output_text.delta":
-                    now = time.perf_counter()
-                    first = first or now
-                    last = now
-                    text.append(json.loads(line[6:])["delta"])
-                elif event in ("response.completed", "response.incomplete"):
-                    n = json.loads(line[6:])["usage"]["output_tokens"]
-    assert first is not None and last is not None
-    return (n - 1) / max(last - first, 1e-9), "".join(text), n
+    turn = stream_lmsp_turn(c, url, message, tokens)
+    return turn.sample.decode_tps, turn.text, turn.sample.tokens
 
 
 def server_run(c: httpx.Client, url: str, prompt: str, tokens: int) -> tuple[float, str, int]:
@@ -166,7 +141,7 @@ def main() -> None:
     args = parser.parse_args()
     rounds = 1 if args.quick else args.rounds
     threads = physical_cores()
-    binary = CACHE / "llama-server-0.3.36" / "bin" / "llama-server"
+    binary = llama_server_binary()
     model = gemma_path()
     rates: dict[tuple[str, str], list[float]] = {}
     texts: dict[tuple[str, str], list[str]] = {}

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from common import CACHE, ROOT, free_port, lmsp_service, physical_cores, wait_http
+from common import CACHE, ROOT, free_port, llama_server_binary, lmsp_service, physical_cores, wait_http
 
 sys.path.insert(0, str(ROOT / "tests"))
 from gguf_factory import BERT_WORDS, write_tiny_bert_gguf
@@ -119,11 +119,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.texts, args.rounds = 300, 2
-    binary = Path(
-        subprocess.run(
-            [str(ROOT / "benchmarks" / "build_llama_server.sh")], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    )
+    binary = llama_server_binary()
     model = bert_model()
     corpus = texts(args.texts)
     import llama_cpp

@@ -23,16 +23,14 @@ import argparse
 import contextlib
 import json
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 from common import (
-    ROOT,
     gemma_path,
     in_process_turn,
+    llama_server_binary,
     lmsp_service,
     physical_cores,
     print_table,
@@ -77,11 +75,7 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--threads", type=int, default=physical_cores())
     args = parser.parse_args()
-    binary = Path(
-        subprocess.run(
-            [str(ROOT / "benchmarks" / "build_llama_server.sh")], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    )
+    binary = llama_server_binary()
     model = gemma_path()
     import llama_cpp
 

@@ -25,7 +25,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-from common import BENCH_SCOPES, ROOT, ServiceURL, free_port, gemma_path, physical_cores, stream_lmsp, wait_http
+from common import (
+    BENCH_SCOPES,
+    ROOT,
+    ServiceURL,
+    free_port,
+    gemma_path,
+    llama_server_binary,
+    physical_cores,
+    stream_lmsp,
+    wait_http,
+)
 from throughput import concurrent, llama_server, message, render, stream_openai_completion
 
 
@@ -99,11 +109,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=physical_cores())
     args = parser.parse_args()
     model = gemma_path()
-    binary = Path(
-        subprocess.run(
-            [str(ROOT / "benchmarks" / "build_llama_server.sh")], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    )
+    binary = llama_server_binary()
     with contextlib.ExitStack() as stack:
         old_src = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.before, "lmsp_tray"], capture_output=True)

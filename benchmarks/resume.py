@@ -30,7 +30,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-from common import BENCH_SCOPES, CACHE, GEMMA_ID, ServiceURL, free_port, gemma_path, physical_cores, wait_http
+from common import (
+    BENCH_SCOPES,
+    GEMMA_ID,
+    ServiceURL,
+    free_port,
+    gemma_path,
+    llama_server_binary,
+    physical_cores,
+    wait_http,
+)
 from long_history import history, stream_llama_server
 from throughput import history_prompt, llama_server, lmsp_history_turn
 
@@ -121,7 +130,7 @@ def llama_server_peers(
     c: httpx.Client, model: Path, threads: int, base: list, questions: list[str]
 ) -> dict[str, float]:
     q1, q2, _ = questions
-    binary = CACHE / "llama-server-0.3.36" / "bin" / "llama-server"
+    binary = llama_server_binary()
     rows: dict[str, float] = {}
     first = history_prompt(base, q1)
     with tempfile.TemporaryDirectory() as slots:

@@ -28,13 +28,13 @@ from pathlib import Path
 
 import httpx
 from common import (
-    ROOT,
     Sample,
     free_port,
     gemma_path,
     in_process_sample,
     in_process_turn,
     llama_cpp_server,
+    llama_server_binary,
     lmsp_service,
     physical_cores,
     print_table,
@@ -182,11 +182,7 @@ def main() -> int:
     args = parser.parse_args()
     levels = [1, 4] if args.quick else [int(n) for n in args.levels.split(",")]
     rounds = 1 if args.quick else args.rounds
-    binary = Path(
-        subprocess.run(
-            [str(ROOT / "benchmarks" / "build_llama_server.sh")], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    )
+    binary = llama_server_binary()
     model = gemma_path()
     import llama_cpp
 
