@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # Build llama.cpp's `llama-server` from the sources vendored in the installed llama-cpp-python's
 # sdist (same llama.cpp revision as the service uses), once; later runs reuse the cached binary.
-#   benchmarks/build_llama_server.sh            → prints the path of the binary
+#   benchmarks/build_llama_server.sh            → prints the path of the binary (static build)
+#   benchmarks/build_llama_server.sh shared     → the same sources built as llama.cpp builds by
+#                                                 default (BUILD_SHARED_LIBS=ON: libllama.so,
+#                                                 libggml*.so), as its release archives and
+#                                                 llama-cpp-python's own libraries are
 set -euo pipefail
+LINK=${1:-static}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CACHE=${LMSP_BENCH_CACHE:-$ROOT/.bench-cache}
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 VERSION=$("$PY" -c 'import llama_cpp; print(llama_cpp.__version__)')
-OUT="$CACHE/llama-server-$VERSION"
+if [ "$LINK" = shared ]; then SUFFIX=-shared; SHARED=ON; else SUFFIX=; SHARED=OFF; fi
+OUT="$CACHE/llama-server-$VERSION$SUFFIX"
 if [ -x "$OUT/bin/llama-server" ]; then echo "$OUT/bin/llama-server"; exit 0; fi
 mkdir -p "$CACHE"
 SRC="$CACHE/llama-cpp-python-$VERSION"
@@ -16,9 +22,12 @@ if [ ! -d "$SRC" ]; then
   tar -xzf "$CACHE/sdist/llama_cpp_python-$VERSION.tar.gz" -C "$CACHE"
   mv "$CACHE/llama_cpp_python-$VERSION" "$SRC"
 fi
-cmake -S "$SRC/vendor/llama.cpp" -B "$SRC/build-server" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF >&2
-cmake --build "$SRC/build-server" --target llama-server -j "$(nproc)" >&2
+BUILD="$SRC/build-server$SUFFIX"
+cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=$SHARED \
+  -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH='$ORIGIN' >&2
+cmake --build "$BUILD" --target llama-server -j "$(nproc)" >&2
 mkdir -p "$OUT/bin"
-cp "$SRC/build-server/bin/llama-server" "$OUT/bin/"
+cp "$BUILD/bin/llama-server" "$OUT/bin/"
+if [ "$SHARED" = ON ]; then cp -P "$BUILD"/bin/*.so* "$OUT/bin/"; fi
 echo "$OUT/bin/llama-server"

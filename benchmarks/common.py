@@ -45,11 +45,14 @@ def gemma_path() -> Path:
     return assemble(CACHE / MODEL_NAME)
 
 
-def llama_server_binary() -> Path:
+def llama_server_binary(link: str = "static") -> Path:
     """llama-server built from the llama.cpp that llama-cpp-python vendors (`build_llama_server.sh`:
-    about 15 minutes on 2 cores the first time, then just the cached path)."""
+    about 15 minutes on 2 cores the first time, then just the cached path). `link="shared"` gives
+    llama.cpp's default build (its libraries as shared objects, like llama-cpp-python's); the
+    static one, every benchmark's reference, is the faster of the two at prompt evaluation."""
     script = ROOT / "benchmarks" / "build_llama_server.sh"
-    return Path(subprocess.run([str(script)], capture_output=True, text=True, check=True).stdout.strip())
+    out = subprocess.run([str(script), link], capture_output=True, text=True, check=True).stdout
+    return Path(out.strip())
 
 
 def physical_cores() -> int:
