@@ -18,11 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lmsp_tray.errors import InvalidRequest
 from lmsp_tray.protocol.events import Event
-from lmsp_tray.protocol.openai_chat import SEED_RANGE, _chat_error, _options
+from lmsp_tray.protocol.openai_chat import _options, stop_and_seed, validated
 from lmsp_tray.protocol.openai_chunks import OpenAIChunks, openai_object
 from lmsp_tray.protocol.requests import RawPrompt, ResponseRequest, check_stop_list
 
@@ -65,12 +65,7 @@ class CompletionRequest:
 
 def parse_completion_create(body: Any) -> CompletionRequest:
     """Validate a decoded `POST /v1/completions` body, or raise a typed error naming the field."""
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
-    try:
-        edge = CompletionCreate.model_validate(body)
-    except ValidationError as exc:
-        raise _chat_error(exc) from None
+    edge = validated(CompletionCreate, body)
     for name in ("n", "best_of"):
         value = getattr(edge, name)
         if value is not None and value != 1:
@@ -85,10 +80,7 @@ def parse_completion_create(body: Any) -> CompletionRequest:
     if edge.echo and edge.suffix is not None:
         raise InvalidRequest("'echo' cannot be combined with 'suffix'.", param="echo")
     opts = _options(edge.extensions)
-    stop = [edge.stop] if isinstance(edge.stop, str) else list(edge.stop or [])
-    seed = opts.get("seed")
-    if seed is None and edge.seed is not None:
-        seed = edge.seed % SEED_RANGE
+    stop, seed = stop_and_seed(edge.stop, edge.seed, opts)
     include_usage = bool(edge.stream and (edge.stream_options or {}).get("include_usage"))
     request = ResponseRequest(
         model=edge.model,
@@ -100,7 +92,7 @@ def parse_completion_create(body: Any) -> CompletionRequest:
         top_k=opts.get("top_k"),
         min_p=opts.get("min_p"),
         seed=seed,
-        stop=stop or list(opts.get("stop") or []),
+        stop=stop,
         repeat_penalty=opts.get("repeat_penalty"),
         presence_penalty=edge.presence_penalty or 0.0,
         frequency_penalty=edge.frequency_penalty or 0.0,
