@@ -104,10 +104,8 @@ def test_the_tray_offers_to_deny_them_all(daemon: LiveDaemon) -> None:
     assert daemon.daemon.auth.pairings.pending_pairings() == []
 
 
-def test_large_bodies_are_decoded_one_at_a_time(
-    daemon: LiveDaemon, client: httpx.Client, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Their decoding holds the GIL: side by side they would finish no sooner, only hold the loop longer."""
+def _count_decoding(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make each body's decoding take 50 ms; the list's one number: the most decoded at once so far."""
     from lmsp_tray.http import routes
 
     active, most = [0], [0]
@@ -126,6 +124,16 @@ def test_large_bodies_are_decoded_one_at_a_time(
                 active[0] -= 1
 
     monkeypatch.setattr(routes, "decode_json", decode)
+    return most
+
+
+def test_large_bodies_are_decoded_one_at_a_time(
+    daemon: LiveDaemon, client: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Their decoding holds the GIL: side by side they would finish no sooner, only hold the loop longer."""
+    from lmsp_tray.http import routes
+
+    most = _count_decoding(monkeypatch)
     big = {"model": "nope", "input": "x" * (routes.SERIAL_BODY_BYTES + 10)}
     small = {"model": "nope", "input": "x" * (routes.INLINE_BODY_BYTES + 10)}
     with ThreadPoolExecutor(6) as pool:
@@ -135,3 +143,24 @@ def test_large_bodies_are_decoded_one_at_a_time(
     with ThreadPoolExecutor(6) as pool:  # below the threshold they need not wait for each other
         list(pool.map(lambda b: client.post("/responses", json=b).status_code, [small] * 6))
     assert most[0] >= 1
+
+
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [("/v1/chat/completions", "messages"), ("/v1/completions", "prompt"), ("/v1/responses", "input")],
+)
+def test_large_v1_bodies_are_decoded_one_at_a_time_too(
+    daemon: LiveDaemon, monkeypatch: pytest.MonkeyPatch, path: str, field: str
+) -> None:
+    from lmsp_tray.http import routes
+
+    most = _count_decoding(monkeypatch)
+    text = "x" * (routes.SERIAL_BODY_BYTES + 10)
+    value: object = [{"role": "user", "content": text}] if field == "messages" else text
+    body = {"model": "nope", field: value}
+    with (
+        httpx.Client(base_url=daemon.base, headers=daemon.auth_headers, timeout=60) as c,
+        ThreadPoolExecutor(4) as pool,
+    ):
+        codes = list(pool.map(lambda _: c.post(path, json=body).status_code, range(4)))
+    assert codes == [404] * 4 and most[0] == 1

@@ -16,7 +16,7 @@ import openai
 import pytest
 from support import SLOW_ID, TINY_ID, LiveDaemon
 
-from lmsp_tray.http.openai import responses as openai_responses_routes
+from lmsp_tray.http import routes
 
 WEATHER = {
     "type": "function",
@@ -293,7 +293,7 @@ def test_stream_with_keepalive_comments_between_events(
     """A keep-alive comment after an event must not reach the SDK as an (empty, unparsable) event."""
     # A keep-alive after every millisecond of silence (`sse_keepalive`), and a silence that surely
     # lasts longer: evaluating a long prompt between response.created and the first delta.
-    monkeypatch.setattr(openai_responses_routes, "keepalive", lambda _request: 0.001)
+    monkeypatch.setattr(routes, "keepalive", lambda _request: 0.001)  # answer_run asks it
     story = "Tell a story about the sea. " * 60  # about 1,600 tokens on this byte-level model
     raw = httpx.post(
         daemon.base + "/v1/responses",

@@ -2,14 +2,17 @@
 
 Each route is `api.Scoped`: it names the scope each of its methods needs. A body over
 `INLINE_BODY_BYTES` is decoded and validated on a worker thread (`read_response_create`), so a
-request of megabytes never holds up the other streams on the event loop.
+request of megabytes never holds up the other streams on the event loop. `answer_run` starts a
+run and answers it (replay, event stream or finished object) for `/lmsp/v1` and, in OpenAI's words
+(`Answer`), for `/v1`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -19,8 +22,9 @@ from lmsp_tray.errors import PayloadTooLarge
 from lmsp_tray.http import wire_json
 from lmsp_tray.http.api import PUBLIC, Scoped
 from lmsp_tray.http.security import KEYLESS, keyless_of, token_of
-from lmsp_tray.http.sse import EventStream, wait_disconnect
+from lmsp_tray.http.sse import EventStream, encode_event, wait_disconnect
 from lmsp_tray.protocol import strict_json
+from lmsp_tray.protocol.events import Event
 from lmsp_tray.protocol.requests import ResponseRequest, parse_response_create
 from lmsp_tray.serving.replay import ANONYMOUS, Caller, iterate
 from lmsp_tray.serving.responder import Replayed, Responder
@@ -106,15 +110,69 @@ async def read_json(request: Request) -> Any:
     return await off_loop(decode_json, await read_body(request), request)
 
 
+async def read_parsed(request: Request, parse: Callable[[Any], T]) -> T:
+    """The body as JSON, validated by `parse`: both off the event loop when the body is large."""
+    return await off_loop(lambda raw: parse(decode_json(raw)), await read_body(request), request)
+
+
 async def read_response_create(request: Request) -> ResponseRequest:
     """The body of `POST /responses` or `/tasks`, decoded and validated off the event loop when it is large."""
-    return await off_loop(lambda raw: parse_response_create(decode_json(raw)), await read_body(request), request)
+    return await read_parsed(request, parse_response_create)
 
 
 def decode_json(raw: bytes) -> Any:
     """A body as JSON (`strict_json.loads`): UTF-8, RFC 8259 only (no NaN, no overflowing or
     endless numbers), no lone surrogates, nested at most `MAX_JSON_DEPTH` levels; a 400 names the field."""
     return strict_json.loads(raw)
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True)
+class Answer:
+    """How an API words a run's answer (`answer_run`): LMSP's as the run has it (`LMSP_ANSWER`), `/v1`'s
+    re-spelled as OpenAI's objects and stream chunks."""
+
+    final: Callable[[dict[str, Any]], Any] = _same  # the finished (or replayed) response object
+    live: Callable[[AsyncIterator[Event]], AsyncIterator[Event]] = _same  # the events of a run streaming now
+    replayed: Callable[[list[Event]], AsyncIterator[Event]] = iterate  # the stored events of a replayed stream
+    encode: Callable[[Event], bytes] = encode_event  # one event on the wire
+    trailer: bytes = b""  # after the last event of a stream that ended normally
+
+
+LMSP_ANSWER = Answer()
+
+
+async def answer_run(request: Request, parsed: ResponseRequest, answer: Answer) -> Response | EventStream:
+    """Start `parsed` through the responder (the caller's `Idempotency-Key`: a replay is sent again as it was,
+    marked `Idempotent-Replayed`), then answer with its event stream, cancelled if the client leaves, or with
+    the finished object once it is done; a client whose connection drops first cancels the run at once."""
+    responder: Responder = request.app.state.responder
+    run = await responder.start(parsed, caller=caller_of(request), key=idempotency_key(request))
+
+    def stream(events: AsyncIterator[Event], **kwargs: Any) -> EventStream:
+        return EventStream(events, encode=answer.encode, trailer=answer.trailer, keepalive=keepalive(request), **kwargs)
+
+    if isinstance(run, Replayed):
+        if run.events is not None:
+            return stream(answer.replayed(run.events), headers=REPLAYED)
+        body = answer.final(run.body) if run.body is not None else None
+        return JSON(body, status_code=run.status, headers=REPLAYED)
+    if parsed.stream:
+        return stream(answer.live(run.events()), on_disconnect=run.cancel)
+    result = asyncio.ensure_future(run.result())
+    gone = asyncio.ensure_future(wait_disconnect(request.receive))
+    try:
+        await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not result.done():
+            run.cancel()  # client left: stop generating now
+        return JSON(answer.final(await result))
+    finally:
+        gone.cancel()
+        with contextlib.suppress(BaseException):
+            await gone
 
 
 async def service_document(request: Request) -> Response:
@@ -143,26 +201,7 @@ async def unload_model(request: Request) -> Response:
 
 
 async def create_response(request: Request) -> Response | EventStream:
-    responder: Responder = request.app.state.responder
-    parsed = await read_response_create(request)
-    run = await responder.start(parsed, caller=caller_of(request), key=idempotency_key(request))
-    if isinstance(run, Replayed):
-        if run.events is not None:
-            return EventStream(iterate(run.events), headers=REPLAYED, keepalive=keepalive(request))
-        return JSON(run.body, status_code=run.status, headers=REPLAYED)
-    if parsed.stream:
-        return EventStream(run.events(), on_disconnect=run.cancel, keepalive=keepalive(request))
-    result = asyncio.ensure_future(run.result())
-    gone = asyncio.ensure_future(wait_disconnect(request.receive))
-    try:
-        await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if not result.done():
-            run.cancel()  # client left: stop generating now
-        return JSON(await result)
-    finally:
-        gone.cancel()
-        with contextlib.suppress(BaseException):
-            await gone
+    return await answer_run(request, await read_response_create(request), LMSP_ANSWER)
 
 
 # Under /lmsp/v1, each with the scope each method needs.

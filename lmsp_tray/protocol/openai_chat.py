@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -40,6 +40,7 @@ from lmsp_tray.protocol.requests import (
 
 MAX_TOP_LOGPROBS = 20
 SEED_RANGE = 2**32 - 1  # llama.cpp's seeds: 0 .. 2**32 - 2 (the last value means "random")
+M = TypeVar("M", bound=BaseModel)
 _IMAGE_PARTS = frozenset({"image_url", "input_audio", "file", "image", "audio", "input_image", "input_file"})
 
 
@@ -270,14 +271,29 @@ def _options(extensions: dict[str, Any] | None) -> dict[str, Any]:
     return opts.model_dump(exclude_none=True)
 
 
-def parse_chat_create(body: Any) -> ChatRequest:
-    """Validate a decoded `POST /v1/chat/completions` body, or raise a typed error naming the field."""
+def validated(edge_model: type[M], body: Any) -> M:
+    """A decoded `/v1` body validated as `edge_model`, or a 400 naming the field."""
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
     try:
-        edge = ChatCompletionCreate.model_validate(body)
+        return edge_model.model_validate(body)
     except ValidationError as exc:
         raise _chat_error(exc) from None
+
+
+def stop_and_seed(stop: str | list[str] | None, seed: int | None, opts: dict[str, Any]) -> tuple[list[str], int | None]:
+    """The stop strings (the request's, else `extensions.lmsp_tray.stop`) and the seed
+    (`extensions.lmsp_tray.seed`, else the request's)."""
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    chosen = opts.get("seed")
+    if chosen is None and seed is not None:
+        chosen = seed % SEED_RANGE  # OpenAI takes any integer; llama.cpp a 32-bit one
+    return stops or list(opts.get("stop") or []), chosen
+
+
+def parse_chat_create(body: Any) -> ChatRequest:
+    """Validate a decoded `POST /v1/chat/completions` body, or raise a typed error naming the field."""
+    edge = validated(ChatCompletionCreate, body)
     if edge.n is not None and edge.n != 1:
         raise InvalidRequest(
             "'n' must be 1: this service returns one choice per request; send several requests for more.",
@@ -309,11 +325,7 @@ def parse_chat_create(body: Any) -> ChatRequest:
                 param="response_format.json_schema",
             )
         json_schema = fmt.json_schema.schema_ or {"type": "object"}
-    stop = [edge.stop] if isinstance(edge.stop, str) else list(edge.stop or [])
-    stop = stop or list(opts.get("stop") or [])
-    seed = opts.get("seed")
-    if seed is None and edge.seed is not None:
-        seed = edge.seed % SEED_RANGE  # OpenAI takes any integer; llama.cpp a 32-bit one
+    stop, seed = stop_and_seed(edge.stop, edge.seed, opts)
     size = (
         items_size(items)
         + sum(len(t.description or "") + _schema_size(t.parameters) for t in tools)

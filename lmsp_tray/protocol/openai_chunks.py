@@ -10,14 +10,16 @@ first piece, its arguments in the pieces after — and the terminal event
 becomes the chunk with `finish_reason` (`stop`, `length`, `tool_calls`),
 then, with `stream_options.include_usage`, the usage chunk (`choices: []`).
 A failure after the first chunk becomes OpenAI's in-stream error object
-(`{"error": {...}}`), which the SDKs raise as `APIError`.
+(`{"error": {...}}`), which the SDKs raise as `APIError`. `OpenAIChunks` and
+`openai_object` hold what the chat and the legacy text completion shapes
+(`openai_completions`) have in common.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from lmsp_tray.protocol.events import Event
 
@@ -112,59 +114,112 @@ def chat_completion(response: dict[str, Any]) -> dict[str, Any]:
     if calls:
         message["tool_calls"] = calls
     message["refusal"] = None
+    choice = {
+        "index": 0,
+        "message": message,
+        "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
+        "finish_reason": finish_reason(response),
+    }
+    return openai_object(response, "chat.completion", chat_id(response["id"]), choice)
+
+
+def openai_object(response: dict[str, Any], kind: str, object_id: str, choice: dict[str, Any]) -> dict[str, Any]:
+    """A finished response as OpenAI's one-choice object of `kind` (`chat.completion`, `text_completion`)."""
     return {
-        "id": chat_id(response["id"]),
-        "object": "chat.completion",
+        "id": object_id,
+        "object": kind,
         "created": response.get("created_at", 0),
         "model": response.get("model"),
         "system_fingerprint": None,
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
-                "finish_reason": finish_reason(response),
-            }
-        ],
+        "choices": [choice],
         "usage": chat_usage(response.get("usage")),
     }
 
 
 @dataclass
-class ChunkWriter:
-    """Turns one run's events into chat completion chunks (as `Event`s whose data is the chunk)."""
+class OpenAIChunks:
+    """What the chat and the text completion chunk writers share: the chunk envelope, the id and
+    `created` taken from `response.created`, the finish and usage chunks, and the in-stream error.
+
+    A subclass names its `OBJECT`, its id (`_object_id`) and its finish chunk (`_finish`), and turns
+    the events in between into chunks of its own choice shape (`feed`)."""
+
+    OBJECT: ClassVar[str] = ""
 
     model: str
     include_usage: bool = False
     id: str = ""
     created: int = 0
-    _calls: dict[str, int] = field(default_factory=dict)  # output item id -> tool_calls index
     _seq: int = 0
 
-    def _chunk(self, delta: dict[str, Any] | None, finish: str | None = None, **extra: Any) -> Event:
+    def _object_id(self, response_id: str) -> str:
+        raise NotImplementedError
+
+    def _finish(self, response: dict[str, Any]) -> Event:
+        """The chunk whose choice carries the `finish_reason` of the finished `response`."""
+        raise NotImplementedError
+
+    def _next(self, data: dict[str, Any]) -> Event:
         self._seq += 1
+        return Event(self._seq, "chunk", data)
+
+    def _envelope(self, choice: dict[str, Any] | None, **extra: Any) -> Event:
+        """A chunk with one choice, or none (`choices: []`, the usage chunk)."""
         data: dict[str, Any] = {
             "id": self.id,
-            "object": CHUNK,
+            "object": self.OBJECT,
             "created": self.created,
             "model": self.model,
             "system_fingerprint": None,
-            "choices": []
-            if delta is None
-            else [{"index": 0, "delta": delta, "logprobs": extra.pop("logprobs", None), "finish_reason": finish}],
+            "choices": [] if choice is None else [choice],
         }
         if self.include_usage:
             data["usage"] = None
         data.update(extra)
-        return Event(self._seq, "chunk", data)
+        return self._next(data)
+
+    def _open(self, data: dict[str, Any]) -> None:
+        """Take the chunks' id and `created` from the data of `response.created`."""
+        response = data.get("response") or {}
+        self.id = self._object_id(str(response.get("id") or data.get("response_id") or ""))
+        self.created = int(response.get("created_at") or 0)
+
+    def _close(self, event: Event) -> list[Event] | None:
+        """The chunks a terminal event becomes (finish, usage; or OpenAI's error object); None for another event."""
+        name, data = event.name, event.data
+        if name in ("response.completed", "response.incomplete"):
+            response = data.get("response") or {}
+            chunks = [self._finish(response)]
+            if self.include_usage:
+                chunks.append(self._envelope(None, usage=chat_usage(data.get("usage") or response.get("usage"))))
+            return chunks
+        if name in ("response.failed", "error"):
+            return [self._next(openai_error(data.get("error") or {}))]
+        return None
+
+
+@dataclass
+class ChunkWriter(OpenAIChunks):
+    """Turns one run's events into chat completion chunks (as `Event`s whose data is the chunk)."""
+
+    OBJECT: ClassVar[str] = CHUNK
+
+    _calls: dict[str, int] = field(default_factory=dict)  # output item id -> tool_calls index
+
+    def _object_id(self, response_id: str) -> str:
+        return chat_id(response_id)
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> Event:
+        return self._envelope({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
+
+    def _finish(self, response: dict[str, Any]) -> Event:
+        return self._chunk({}, finish_reason(response))
 
     def feed(self, event: Event) -> list[Event]:
         """The chunks one event of the run becomes (often none)."""
         name, data = event.name, event.data
         if name == "response.created":
-            response = data.get("response") or {}
-            self.id = chat_id(str(response.get("id") or data.get("response_id") or ""))
-            self.created = int(response.get("created_at") or 0)
+            self._open(data)
             return [self._chunk({"role": "assistant", "content": ""})]
         if name == "response.output_text.delta":
             if "logprobs" in data:
@@ -182,17 +237,7 @@ class ChunkWriter:
         if name == "response.function_call_arguments.delta":
             index = self._calls.get(data.get("item_id", ""), 0)
             return [self._chunk({"tool_calls": [{"index": index, "function": {"arguments": data["delta"]}}]})]
-        if name in ("response.completed", "response.incomplete"):
-            response = data.get("response") or {}
-            chunks = [self._chunk({}, finish_reason(response))]
-            if self.include_usage:
-                chunks.append(self._chunk(None, usage=chat_usage(data.get("usage") or response.get("usage"))))
-            return chunks
-        if name in ("response.failed", "error"):
-            problem = data.get("error") or {}
-            self._seq += 1
-            return [Event(self._seq, "chunk", openai_error(problem))]
-        return []  # item bookkeeping and `response.cancelled` (nobody is reading) have no chunk
+        return self._close(event) or []  # item bookkeeping and `response.cancelled` (nobody is reading): none
 
 
 class Chunker(Protocol):

@@ -16,14 +16,14 @@ legacy shape (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lmsp_tray.errors import InvalidRequest
 from lmsp_tray.protocol.events import Event
-from lmsp_tray.protocol.openai_chat import SEED_RANGE, _chat_error, _options
-from lmsp_tray.protocol.openai_chunks import chat_usage, openai_error
+from lmsp_tray.protocol.openai_chat import _options, stop_and_seed, validated
+from lmsp_tray.protocol.openai_chunks import OpenAIChunks, openai_object
 from lmsp_tray.protocol.requests import RawPrompt, ResponseRequest, check_stop_list
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions (editors send their own)
@@ -65,12 +65,7 @@ class CompletionRequest:
 
 def parse_completion_create(body: Any) -> CompletionRequest:
     """Validate a decoded `POST /v1/completions` body, or raise a typed error naming the field."""
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
-    try:
-        edge = CompletionCreate.model_validate(body)
-    except ValidationError as exc:
-        raise _chat_error(exc) from None
+    edge = validated(CompletionCreate, body)
     for name in ("n", "best_of"):
         value = getattr(edge, name)
         if value is not None and value != 1:
@@ -85,10 +80,7 @@ def parse_completion_create(body: Any) -> CompletionRequest:
     if edge.echo and edge.suffix is not None:
         raise InvalidRequest("'echo' cannot be combined with 'suffix'.", param="echo")
     opts = _options(edge.extensions)
-    stop = [edge.stop] if isinstance(edge.stop, str) else list(edge.stop or [])
-    seed = opts.get("seed")
-    if seed is None and edge.seed is not None:
-        seed = edge.seed % SEED_RANGE
+    stop, seed = stop_and_seed(edge.stop, edge.seed, opts)
     include_usage = bool(edge.stream and (edge.stream_options or {}).get("include_usage"))
     request = ResponseRequest(
         model=edge.model,
@@ -100,7 +92,7 @@ def parse_completion_create(body: Any) -> CompletionRequest:
         top_k=opts.get("top_k"),
         min_p=opts.get("min_p"),
         seed=seed,
-        stop=stop or list(opts.get("stop") or []),
+        stop=stop,
         repeat_penalty=opts.get("repeat_penalty"),
         presence_penalty=edge.presence_penalty or 0.0,
         frequency_penalty=edge.frequency_penalty or 0.0,
@@ -156,60 +148,37 @@ def text_completion(response: dict[str, Any], *, echo: str = "") -> dict[str, An
     text = "".join(part.get("text", "") for part in parts)
     entries = [entry for part in parts for entry in part.get("logprobs") or []]
     asked = any("logprobs" in part for part in parts)
-    return {
-        "id": completion_id(response["id"]),
-        "object": "text_completion",
-        "created": response.get("created_at", 0),
-        "model": response.get("model"),
-        "system_fingerprint": None,
-        "choices": [
-            {
-                "text": echo + text,
-                "index": 0,
-                "logprobs": legacy_logprobs(entries, len(echo)) if asked else None,
-                "finish_reason": _reason(response),
-            }
-        ],
-        "usage": chat_usage(response.get("usage")),
+    choice = {
+        "text": echo + text,
+        "index": 0,
+        "logprobs": legacy_logprobs(entries, len(echo)) if asked else None,
+        "finish_reason": _reason(response),
     }
+    return openai_object(response, "text_completion", completion_id(response["id"]), choice)
 
 
 @dataclass
-class CompletionChunks:
+class CompletionChunks(OpenAIChunks):
     """Turns one run's events into `text_completion` chunks (as `Event`s whose data is the chunk)."""
 
-    model: str
-    include_usage: bool = False
+    OBJECT: ClassVar[str] = "text_completion"
+
     echo: str = ""
-    id: str = ""
-    created: int = 0
-    _seq: int = field(default=0)
     _offset: int = field(default=0)  # characters of the choice's text sent so far
 
-    def _chunk(self, text: str | None, finish: str | None = None, **extra: Any) -> Event:
-        self._seq += 1
-        logprobs = extra.pop("logprobs", None)
-        data: dict[str, Any] = {
-            "id": self.id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": None,
-            "choices": []
-            if text is None
-            else [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}],
-        }
-        if self.include_usage:
-            data["usage"] = None
-        data.update(extra)
-        return Event(self._seq, "chunk", data)
+    def _object_id(self, response_id: str) -> str:
+        return completion_id(response_id)
+
+    def _chunk(self, text: str, finish: str | None = None, logprobs: Any = None) -> Event:
+        return self._envelope({"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish})
+
+    def _finish(self, response: dict[str, Any]) -> Event:
+        return self._chunk("", _reason(response))
 
     def feed(self, event: Event) -> list[Event]:
         name, data = event.name, event.data
         if name == "response.created":
-            response = data.get("response") or {}
-            self.id = completion_id(str(response.get("id") or data.get("response_id") or ""))
-            self.created = int(response.get("created_at") or 0)
+            self._open(data)
             self._offset = len(self.echo)
             return [self._chunk(self.echo)] if self.echo else []
         if name == "response.output_text.delta":
@@ -217,13 +186,4 @@ class CompletionChunks:
             if "logprobs" in data:
                 return [self._chunk(data["delta"], logprobs=legacy_logprobs(data["logprobs"], start))]
             return [self._chunk(data["delta"])]
-        if name in ("response.completed", "response.incomplete"):
-            response = data.get("response") or {}
-            chunks = [self._chunk("", _reason(response))]
-            if self.include_usage:
-                chunks.append(self._chunk(None, usage=chat_usage(data.get("usage") or response.get("usage"))))
-            return chunks
-        if name in ("response.failed", "error"):
-            self._seq += 1
-            return [Event(self._seq, "chunk", openai_error(data.get("error") or {}))]
-        return []
+        return self._close(event) or []

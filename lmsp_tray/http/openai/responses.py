@@ -16,31 +16,17 @@ Scopes: `POST /responses` `responses:create`; `GET /responses/{id}` and
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-
 from starlette.requests import Request
 from starlette.responses import Response
 
 from lmsp_tray.errors import InvalidRequest, ServiceUnavailable
 from lmsp_tray.http.api import Scoped
-from lmsp_tray.http.routes import (
-    JSON,
-    REPLAYED,
-    caller_of,
-    decode_json,
-    idempotency_key,
-    keepalive,
-    off_loop,
-    read_body,
-)
-from lmsp_tray.http.sse import EventStream, wait_disconnect
-from lmsp_tray.protocol.openai_requests import ToolMap, parse_openai_response_create
+from lmsp_tray.http.routes import JSON, Answer, answer_run, caller_of, read_parsed
+from lmsp_tray.http.sse import EventStream
+from lmsp_tray.protocol.openai_requests import parse_openai_response_create
 from lmsp_tray.protocol.openai_shapes import MAX_INPUT_ITEMS_PAGE, OpenAIView, page, sse_bytes
-from lmsp_tray.protocol.requests import ResponseRequest
 from lmsp_tray.serving.conversations import Conversations
 from lmsp_tray.serving.replay import iterate
-from lmsp_tray.serving.responder import Replayed, Responder
 
 
 def _conversations(request: Request) -> Conversations:
@@ -50,37 +36,16 @@ def _conversations(request: Request) -> Conversations:
     return conversations
 
 
-async def _read(request: Request) -> tuple[ResponseRequest, ToolMap]:
-    return await off_loop(lambda raw: parse_openai_response_create(decode_json(raw)), await read_body(request), request)
-
-
 async def create_response(request: Request) -> Response | EventStream:
-    responder: Responder = request.app.state.responder
-    parsed, tools = await _read(request)
+    parsed, tools = await read_parsed(request, parse_openai_response_create)
     view = OpenAIView(tools)
-    run = await responder.start(parsed, caller=caller_of(request), key=idempotency_key(request))
-    if isinstance(run, Replayed):
-        if run.events is not None:
-            return EventStream(
-                iterate(view.replayed(run.events)), headers=REPLAYED, encode=sse_bytes, keepalive=keepalive(request)
-            )
-        body = view.response(run.body) if run.body is not None else None
-        return JSON(body, status_code=run.status, headers=REPLAYED)
-    if parsed.stream:
-        return EventStream(
-            view.events(run.events()), on_disconnect=run.cancel, encode=sse_bytes, keepalive=keepalive(request)
-        )
-    result = asyncio.ensure_future(run.result())
-    gone = asyncio.ensure_future(wait_disconnect(request.receive))
-    try:
-        await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if not result.done():
-            run.cancel()  # client left: stop generating now
-        return JSON(view.response(await result))
-    finally:
-        gone.cancel()
-        with contextlib.suppress(BaseException):
-            await gone
+    answer = Answer(
+        final=view.response,
+        live=view.events,
+        replayed=lambda events: iterate(view.replayed(events)),
+        encode=sse_bytes,
+    )
+    return await answer_run(request, parsed, answer)
 
 
 async def stored_response(request: Request) -> Response:
