@@ -256,7 +256,9 @@ class Daemon:
             max_running=config.parallel or MAX_DEFAULT_PARALLEL,
             max_queued_per_owner=config.max_queued_tasks,
         )
-        self.downloads = DownloadTasks(self._puller(catalog), self.db, model_for=self._downloaded_model)
+        self.downloads = DownloadTasks(
+            self._puller(catalog), self.db, model_for=self._downloaded_model, idempotency=self.idempotency
+        )
         self._queued_downloads = self.downloads.recover()  # a download the last run left resumes
         self.tasks.register_kind(DOWNLOAD_KIND, self.downloads)
         self.console_access = ConsoleAccess(tokens)

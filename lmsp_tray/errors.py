@@ -139,6 +139,13 @@ class RequestTimeout(LMSPError):
     code, status, title = "request_timeout", 408, "Request timeout"
 
 
+class RequestCancelled(LMSPError):
+    """The client went away before the answer and the work was stopped; no one reads this answer
+    (499, as proxies log a request whose client closed the connection)."""
+
+    code, status, title = "request_cancelled", 499, "Request cancelled"
+
+
 class Conflict(LMSPError):
     code, status, title = "conflict", 409, "Conflict"
 

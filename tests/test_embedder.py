@@ -5,7 +5,7 @@
 - a decoder that declares last-token pooling (as Qwen3-Embedding does): it has a KV cache, which every
   decode starts afresh,
 
-and discovery's rule for what is an embedding model.
+and discovery's rule for what is an embedding model, and a cancelled job stopping within a decode.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from gguf_factory import write_tiny_bert_gguf, write_tiny_gguf
 
 from lmsp_tray.discovery.entry import GGUFInfo, ModelEntry
 from lmsp_tray.discovery.gguf_header import read_gguf_info
-from lmsp_tray.engine.embedding import POOLING_LAST, POOLING_MEAN, POOLING_NONE
+from lmsp_tray.engine.embedding import POOLING_LAST, POOLING_MEAN, POOLING_NONE, EmbedCancel
 from lmsp_tray.engine.model import LlamaModel, LoadOptions
 from lmsp_tray.engine.runtime import Runtime
-from lmsp_tray.errors import InputTooLong, UnsupportedCapability
+from lmsp_tray.errors import InputTooLong, RequestCancelled, UnsupportedCapability
 
 TEXTS = ["hello world", "the cat sat on the mat", "zebra", "a model of the local service is a test"]
 
@@ -89,3 +89,45 @@ def test_what_counts_as_an_embedding_model() -> None:
     assert not GGUFInfo(architecture="qwen3").embeddings
     assert not GGUFInfo(architecture="llama", pooling_type=0).embeddings
     assert not GGUFInfo(architecture="bert", pooling_type=4).embeddings  # a reranker
+
+
+def test_a_cancelled_job_stops_within_a_decode_and_frees_its_place(models: dict[str, Path]) -> None:
+    """The client of a large batch went away after the first decode: the embedder drops the inputs left,
+    answers the job `RequestCancelled` and embeds the next job; counted in decodes and inputs, not time."""
+    path = models["mean"]
+    cancel = EmbedCancel()
+    decodes: list[int] = []
+
+    def on_step() -> None:  # after every pass of the embedder's loop, on its thread
+        decodes.append(1)
+        if len(decodes) == 1:
+            cancel.cancel()  # the first decode of the batch is done: the client leaves now
+
+    entry = ModelEntry(path.stem, path, "custom", path.stat().st_size, (path,), read_gguf_info(path))
+    model = LlamaModel(Runtime(), entry, LoadOptions(threads=1), on_step=on_step)
+    try:
+        embedder = model.embedder
+        assert embedder is not None
+        long = model.tokenize("hello " * 100, add_special=True, parse_special=False)[:100]
+        assert len(long) == 100
+        batch = [long] * 200  # five inputs fill a decode (512 tokens): 40 decodes in all
+        with pytest.raises(RequestCancelled):
+            model.embed(batch, cancel=cancel)
+        assert embedder.steps == 1 and sum(embedder.sequences) == 5  # one decode of 5, not 200 inputs
+        assert not embedder.busy and embedder.queued == 0 and model.stats().cancelled == 1
+        got = model.embed(TEXTS)  # the next request runs at once, with only its own inputs
+        assert got.vectors.shape[0] == len(TEXTS) and sum(embedder.sequences) == 5 + len(TEXTS)
+        # A cancel before the job starts: nothing is decoded at all.
+        early = EmbedCancel()
+        early.cancel()
+        steps = embedder.steps
+        with pytest.raises(RequestCancelled):
+            model.embed(batch, cancel=early)
+        assert embedder.steps == steps and not embedder.busy and model.stats().cancelled == 2
+        # Cancelling a finished job changes nothing.
+        done = EmbedCancel()
+        assert model.embed(TEXTS, cancel=done).vectors.shape[0] == len(TEXTS)
+        done.cancel()
+        assert model.embed(TEXTS).vectors.shape[0] == len(TEXTS) and model.stats().cancelled == 2
+    finally:
+        model.close()

@@ -8,8 +8,11 @@ this home's service answers, the command starts the download with `POST
 it) and follows the task's event stream, printing the same plan, progress line
 and result as a pull in this process. Ctrl+C cancels the task (the part fetched
 stays in the cache; the same command resumes). A lost connection reconnects
-from the last event seen (`?after=N`). When the service does not run, or its
-token cannot be found, `cli.pull` downloads in this process as before.
+from the last event seen (`?after=N`). The `POST` carries a fresh
+`Idempotency-Key`, and one that loses its connection before the answer is sent
+once more with the same key: the service answers with the task the first one
+started, so a retry never starts a second download. When the service does not
+run, or its token cannot be found, `cli.pull` downloads in this process as before.
 """
 
 from __future__ import annotations
@@ -19,15 +22,18 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 from lmsp_tray.cli.pull import INTERRUPTED, Printer, size
-from lmsp_tray.cli.tokens import CommandError, ServiceAPI
+from lmsp_tray.cli.tokens import CommandError, ServiceAPI, ServiceUnreachable
 from lmsp_tray.hub.pull import PullProgress
 from lmsp_tray.protocol import downloads as ev
 
 RECONNECTS = 5
+RETRY_AFTER_S = 1.0
+IN_PROGRESS_WAIT_S = 120.0  # how long a retry waits for the first POST, still being planned, to finish
 READ_TIMEOUT_S = 120.0  # the task stream sends a keep-alive comment far more often than this
 
 
@@ -51,6 +57,24 @@ def _events(url: str, token: str, task_id: str, after: int) -> Iterator[tuple[in
                 name = line[6:].strip()
             elif line.startswith("data:"):
                 data += line[5:].lstrip()
+
+
+def start_pull(api: ServiceAPI, body: dict[str, Any]) -> dict[str, Any]:
+    """`POST /models/pull` under a fresh Idempotency-Key, sent once more with that key if the connection
+    broke: the service replays the task the first one may have started instead of starting another."""
+    headers = {"Idempotency-Key": str(uuid.uuid4())}
+    try:
+        return api.call("POST", "/models/pull", body, headers=headers)
+    except ServiceUnreachable:
+        time.sleep(RETRY_AFTER_S)
+    deadline = time.monotonic() + IN_PROGRESS_WAIT_S
+    while True:
+        try:
+            return api.call("POST", "/models/pull", body, headers=headers)
+        except CommandError as exc:  # the first is still being planned (a slow Hub): wait for its answer
+            if exc.code != "idempotency_key_in_progress" or time.monotonic() > deadline:
+                raise
+        time.sleep(RETRY_AFTER_S)
 
 
 def _progress(data: dict[str, Any]) -> PullProgress:
@@ -81,7 +105,7 @@ def _print_plan(download: dict[str, Any]) -> None:
 def pull_through_service(url: str, token: str, args: Any) -> int:
     """Start the pull in the running service at `url` and follow it to its end."""
     api = ServiceAPI(url, token)
-    task = api.call("POST", "/models/pull", {"model": args.model, "include_mmproj": not args.no_mmproj})
+    task = start_pull(api, {"model": args.model, "include_mmproj": not args.no_mmproj})
     task_id = task["id"]
     print(f"The running lmsp-tray downloads it (task {task_id}); the tray shows its progress.", file=sys.stderr)
     printer = Printer()

@@ -42,6 +42,14 @@ TOKEN_ENV = "LMSP_TRAY_TOKEN"
 class CommandError(Exception):
     """A failure to report as one line on stderr (exit status 1)."""
 
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code  # the problem's `code` when the service refused the request
+
+
+class ServiceUnreachable(CommandError):
+    """The service could not be reached, or the connection broke before its answer came."""
+
 
 def add_parser(commands: Any) -> None:
     tokens = commands.add_parser(
@@ -234,10 +242,12 @@ class ServiceAPI:
         self.url = url.rstrip("/")
         self._token = token
 
-    def call(self, method: str, path: str, body: Any = None) -> Any:
+    def call(self, method: str, path: str, body: Any = None, *, headers: dict[str, str] | None = None) -> Any:
         data = None if body is None else json.dumps(body).encode("utf-8")
         request = urllib.request.Request(self.url + path, data=data, method=method)
         request.add_header("Authorization", f"Bearer {self._token}")
+        for name, value in (headers or {}).items():
+            request.add_header(name, value)
         if data is not None:
             request.add_header("Content-Type", "application/json")
         # No proxies: the owner token must never travel anywhere but the loopback service.
@@ -246,12 +256,16 @@ class ServiceAPI:
             with opener.open(request, timeout=60) as reply:  # loopback URL from service.json
                 return json.loads(reply.read())
         except urllib.error.HTTPError as exc:
-            raise CommandError(_problem_line(exc)) from None
-        except (OSError, ValueError) as exc:
+            line, code = _problem_line(exc)
+            raise CommandError(line, code=code) from None
+        except OSError as exc:
+            raise ServiceUnreachable(f"cannot reach lmsp-tray at {self.url}: {type(exc).__name__}") from None
+        except ValueError as exc:
             raise CommandError(f"cannot reach lmsp-tray at {self.url}: {type(exc).__name__}") from None
 
 
-def _problem_line(exc: urllib.error.HTTPError) -> str:
+def _problem_line(exc: urllib.error.HTTPError) -> tuple[str, str | None]:
+    """The line to print for a refused request, and the problem's code."""
     try:
         doc = json.loads(exc.read())
         detail, code = doc.get("detail"), doc.get("code")
@@ -261,8 +275,8 @@ def _problem_line(exc: urllib.error.HTTPError) -> str:
         return (
             f"the service refused the token ({detail}): if {TOKEN_ENV} is set, check it; otherwise restart "
             "lmsp-tray, which makes a new owner token."
-        )
-    return f"{detail or exc.reason} ({code or exc.code})"
+        ), code
+    return f"{detail or exc.reason} ({code or exc.code})", code
 
 
 def _quote(part: str) -> str:

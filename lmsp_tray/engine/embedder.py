@@ -14,13 +14,18 @@ embedding mode); the vector is llama.cpp's pooled one (`mean`, `cls`,
 whose pooling is `none`, then L2-normalised.
 
 A request's `done` is called once, when its last input is embedded, on this
-thread (a model process sends the reply from there).
+thread (a model process sends the reply from there). A request whose client
+went away is `cancel`led: its inputs still waiting leave the queue at once,
+and this thread answers it `RequestCancelled` after the decode under way
+(what that decode computed for it is dropped), so a large batch stops within
+one decode and frees its place in the queue.
 """
 
 from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import logging
 import threading
 import time
@@ -32,8 +37,8 @@ import numpy as np
 
 from lmsp_tray.engine.admission import too_many, unloading
 from lmsp_tray.engine.batch import Batch
-from lmsp_tray.engine.embedding import POOLING_NONE, Embeddings, EmbedJob, normalized
-from lmsp_tray.errors import InternalError, LMSPError, ServiceUnavailable
+from lmsp_tray.engine.embedding import POOLING_NONE, EmbedCancel, Embeddings, EmbedJob, normalized
+from lmsp_tray.errors import InternalError, LMSPError, RequestCancelled, ServiceUnavailable
 
 if TYPE_CHECKING:
     from lmsp_tray.engine.model import LlamaModel
@@ -61,8 +66,9 @@ class Embedder:
             model.llama_model
         )
         self._queue: collections.deque[tuple[EmbedJob, int]] = collections.deque()  # (job, input index)
+        self._cancelled: list[EmbedJob] = []  # to answer `RequestCancelled` (on this thread, under no lock)
         self._jobs = 0  # jobs submitted and not yet done
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.RLock())  # reentrant: `submit` binds a cancel under it
         self._stopping = False
         self._drain = False
         self._durations: collections.deque[float] = collections.deque(maxlen=16)
@@ -70,6 +76,7 @@ class Embedder:
         # An encoder has no KV cache: encode directly (llama_decode would say so on every call first).
         self._encode = not model.memory
         self.steps = 0
+        self.cancelled_jobs = 0
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=4096)  # tokens per recent decode
         self.sequences: collections.deque[int] = collections.deque(maxlen=4096)  # inputs per recent decode
         self.last_activity = time.monotonic()
@@ -77,8 +84,10 @@ class Embedder:
         self._thread.start()
 
     # -- called from other threads ---------------------------------------------------------------
-    def submit(self, job: EmbedJob) -> None:
-        """Queue every input of `job`; 503 while unloading, 429 when `max_queue` requests wait."""
+    def submit(self, job: EmbedJob, cancel: EmbedCancel | None = None) -> None:
+        """Queue every input of `job`; 503 while unloading, 429 when `max_queue` requests wait.
+        `cancel` is bound before this thread can take an input of the job (a cancel already asked
+        for drops them all at once)."""
         with self._cond:
             if self._stopping or self._drain:
                 raise unloading()
@@ -90,6 +99,20 @@ class Embedder:
             self._jobs += 1
             self._queue.extend((job, i) for i in range(len(job.inputs)))
             self.last_activity = time.monotonic()
+            if cancel is not None:  # under the (reentrant) lock: the hook may run here, and `cancel` takes it
+                cancel.bind(functools.partial(self.cancel, job))
+            self._cond.notify()
+
+    def cancel(self, job: EmbedJob) -> None:
+        """Stop `job` (its client went away): its waiting inputs are dropped now, and it is answered
+        `RequestCancelled` on the embedder's thread after the decode under way. From any thread."""
+        with self._cond:
+            if job.cancelled or job.remaining <= 0 or self._stopping:
+                return  # done already, or being failed by the stop
+            job.cancelled = True
+            self._queue = collections.deque(entry for entry in self._queue if entry[0] is not job)
+            self._cancelled.append(job)
+            self.cancelled_jobs += 1
             self._cond.notify()
 
     @property
@@ -121,12 +144,16 @@ class Embedder:
         try:
             while True:
                 with self._cond:
-                    while not self._stopping and not self._queue:
+                    while not self._stopping and not self._queue and not self._cancelled:
                         self._cond.wait()
                     if self._stopping:
                         break
+                    cancelled, self._cancelled = self._cancelled, []
                     taken = self._take()
-                self._decode(taken)
+                for job in cancelled:
+                    self._fail(job, RequestCancelled("The client went away; its embeddings were not computed."))
+                if taken:
+                    self._decode(taken)
                 if self._on_step is not None:
                     self._on_step()
         except Exception:
@@ -135,8 +162,9 @@ class Embedder:
             error = ServiceUnavailable("The model was unloaded while the request was running.")
             with self._cond:
                 self._stopping = True
-                left = list(dict.fromkeys(job for job, _ in self._queue))
+                left = list(dict.fromkeys([*self._cancelled, *(job for job, _ in self._queue)]))
                 self._queue.clear()
+                self._cancelled.clear()
             for job in left:
                 self._fail(job, error)
             if self._on_step is not None:
@@ -157,7 +185,8 @@ class Embedder:
         return taken
 
     def _decode(self, taken: list[tuple[EmbedJob, int]]) -> None:
-        live = [(job, i) for job, i in taken if job.remaining > 0]  # a failed job's other inputs are skipped
+        # A failed or cancelled job's other inputs are skipped.
+        live = [(job, i) for job, i in taken if job.remaining > 0 and not job.cancelled]
         if not live:
             return
         model = self._model
@@ -201,7 +230,7 @@ class Embedder:
                 self._store(job, i, vector.copy())
 
     def _store(self, job: EmbedJob, i: int, vector: np.ndarray) -> None:
-        if job.remaining <= 0:
+        if job.remaining <= 0 or job.cancelled:  # cancelled during the decode: answered by `_run`
             return
         job.vectors[i] = vector
         job.remaining -= 1

@@ -5,19 +5,21 @@ inputs (each already tokens) answered once with one vector per input, so it
 has no sampler, no deltas and no finish reasons; `embedder.Embedder` packs the
 inputs of many requests into few decodes. The vectors travel as packed
 float32 (`pack` / `unpack`), the form base64 `encoding_format` wants anyway.
-Nothing here imports llama.cpp.
+`EmbedCancel` is how a request whose client went away stops its job, on
+whichever side of the wire the job runs. Nothing here imports llama.cpp.
 """
 
 from __future__ import annotations
 
 import json
 import struct
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from lmsp_tray.errors import InvalidRequest, LMSPError
+from lmsp_tray.errors import InvalidRequest, LMSPError, RequestCancelled
 
 # llama.cpp's pooling types (`<arch>.pooling_type` in a GGUF)
 POOLING_NONE, POOLING_MEAN, POOLING_CLS, POOLING_LAST, POOLING_RANK = 0, 1, 2, 3, 4
@@ -60,6 +62,45 @@ class EmbedJob:
     vectors: list[np.ndarray | None] = field(default_factory=list)  # filled in by the embedder
     remaining: int = 0
     started: float = 0.0  # time.monotonic() when it was queued
+    cancelled: bool = False  # set under the embedder's lock: its inputs left are not embedded
+
+
+class EmbedCancel:
+    """Stops one embedding request from any thread: `cancel()` once, whenever.
+
+    Whoever runs the job says what stopping means with `bind` (the embedder drops
+    the job's inputs still waiting; a model process is sent a CANCEL frame) once
+    the job is queued; a cancel that came before then runs the hook at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._hook: Callable[[], None] | None = None
+        self._cancelled = False
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def check(self) -> None:
+        """Raise `RequestCancelled` once cancelled (before work that no one will read begins)."""
+        if self._cancelled:
+            raise RequestCancelled("The client went away; its embeddings were not computed.")
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._cancelled:
+                return
+            self._cancelled = True
+            hook = self._hook
+        if hook is not None:
+            hook()
+
+    def bind(self, hook: Callable[[], None]) -> None:
+        with self._lock:
+            self._hook = hook
+            cancelled = self._cancelled
+        if cancelled:
+            hook()
 
 
 def normalized(vectors: np.ndarray) -> np.ndarray:

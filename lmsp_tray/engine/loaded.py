@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from lmsp_tray.discovery.entry import ModelEntry
-from lmsp_tray.engine.embedding import Embeddings
+from lmsp_tray.engine.embedding import EmbedCancel, Embeddings
 from lmsp_tray.engine.jobs import GenerationJob
 from lmsp_tray.engine.load_plan import LoadPlan
 from lmsp_tray.engine.templates import ChatTemplate
@@ -42,6 +42,7 @@ class ModelStats:
     generating: int = 0  # jobs holding a slot
     # tokens decoded by each recent step (an embedding model: inputs per decode); only when asked for
     batch_sizes: tuple[int, ...] = ()
+    cancelled: int = 0  # an embedding model: requests stopped because their client went away
     pid: int | None = None  # the model process, when it runs in one
     taken_at: float = field(default_factory=time.monotonic)
 
@@ -88,10 +89,11 @@ class LoadedModel(Protocol):
         """Queue `job`; raises 503 (unloading) or 429 (waiting line full, with Retry-After) at once."""
         ...  # pragma: no cover
 
-    def embed(self, inputs: Sequence[str | Sequence[int]]) -> Embeddings:
+    def embed(self, inputs: Sequence[str | Sequence[int]], *, cancel: EmbedCancel | None = None) -> Embeddings:
         """One L2-normalised vector per input (a text, or tokens), blocking; an input longer than the
         window is refused (`InputTooLong`, naming its index) before anything is decoded. Only an
-        embedding model (`GGUFInfo.embeddings`) embeds; others raise `UnsupportedCapability`."""
+        embedding model (`GGUFInfo.embeddings`) embeds; others raise `UnsupportedCapability`.
+        `cancel.cancel()` (any thread) stops it within a decode: it raises `RequestCancelled`."""
         ...  # pragma: no cover
 
     def stats(self, *, batches: bool = False) -> ModelStats: ...  # pragma: no cover

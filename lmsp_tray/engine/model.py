@@ -25,7 +25,7 @@ import llama_cpp
 
 from lmsp_tray.discovery.entry import ModelEntry
 from lmsp_tray.engine.embedder import Embedder
-from lmsp_tray.engine.embedding import Embeddings, EmbedDone, EmbedJob
+from lmsp_tray.engine.embedding import EmbedCancel, Embeddings, EmbedDone, EmbedJob
 from lmsp_tray.engine.grammars import GrammarBuilder
 from lmsp_tray.engine.jobs import GenerationJob
 from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan, plan_load
@@ -486,15 +486,17 @@ class LlamaModel:
             out.append(tokens)
         return out
 
-    def embed_async(self, inputs: Sequence[str | Sequence[int]], done: EmbedDone) -> None:
+    def embed_async(
+        self, inputs: Sequence[str | Sequence[int]], done: EmbedDone, *, cancel: EmbedCancel | None = None
+    ) -> None:
         """Tokenize and check `inputs` here (raising a typed error), then queue them; `done` gets the
-        vectors (or the error) on the embedder's thread."""
+        vectors (or the error, `RequestCancelled` after `cancel.cancel()`) on the embedder's thread."""
         embedder = self.embedder
         if embedder is None:
             raise UnsupportedCapability(f"'{self.id}' is not an embedding model.", param="model")
-        embedder.submit(EmbedJob(self.embedding_inputs(inputs), done))
+        embedder.submit(EmbedJob(self.embedding_inputs(inputs), done), cancel)
 
-    def embed(self, inputs: Sequence[str | Sequence[int]]) -> Embeddings:
+    def embed(self, inputs: Sequence[str | Sequence[int]], *, cancel: EmbedCancel | None = None) -> Embeddings:
         """`embed_async`, waiting for the answer."""
         answer: list[Embeddings | LMSPError] = []
         ready = threading.Event()
@@ -503,7 +505,7 @@ class LlamaModel:
             answer.append(result)
             ready.set()
 
-        self.embed_async(inputs, done)
+        self.embed_async(inputs, done, cancel=cancel)
         ready.wait()
         if isinstance(answer[0], LMSPError):
             raise answer[0]
@@ -544,6 +546,7 @@ class LlamaModel:
                 steps=embedder.steps,
                 queued=embedder.queued,
                 batch_sizes=tuple(embedder.sequences) if batches else (),  # inputs per decode
+                cancelled=embedder.cancelled_jobs,
                 pid=os.getpid(),
             )
         scheduler = self.scheduler

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
 import itertools
 import logging
 import os
@@ -37,7 +38,7 @@ from typing import Any
 from lmsp_tray.discovery.entry import ModelEntry
 from lmsp_tray.engine import embedding, wire, worker
 from lmsp_tray.engine.admission import Admission, unloading
-from lmsp_tray.engine.embedding import Embeddings
+from lmsp_tray.engine.embedding import EmbedCancel, Embeddings
 from lmsp_tray.engine.jobs import ERROR, Finish, GenerationJob, GrammarOn
 from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan
 from lmsp_tray.engine.loaded import ModelStats, Placement
@@ -228,15 +229,16 @@ class ModelProcess:
         if job.cancelled:  # cancelled before the hook was in place
             self._send(cancel)
 
-    def embed(self, inputs: Sequence[str | Sequence[int]]) -> Embeddings:
-        """One vector per input, computed in the model process (blocking)."""
+    def embed(self, inputs: Sequence[str | Sequence[int]], *, cancel: EmbedCancel | None = None) -> Embeddings:
+        """One vector per input, computed in the model process (blocking); `cancel` sends it a CANCEL
+        for the request, and the answer is then `RequestCancelled`."""
         with self._lock:
             if self._closing or self._exited.is_set():
                 raise unloading()
             self._embedding += 1
             self._last_activity = time.monotonic()
         try:
-            _, payload = self._request(wire.EMBED, wire.pack_json({"inputs": list(inputs)}))
+            _, payload = self._request(wire.EMBED, wire.pack_json({"inputs": list(inputs)}), cancel=cancel)
             return embedding.unpack(payload)
         finally:
             with self._lock:
@@ -280,7 +282,7 @@ class ModelProcess:
                 parts.append(more)
             self._writer.send(b"".join(parts))
 
-    def _request(self, kind: int, payload: bytes) -> tuple[int, bytes]:
+    def _request(self, kind: int, payload: bytes, *, cancel: EmbedCancel | None = None) -> tuple[int, bytes]:
         future: concurrent.futures.Future[tuple[int, bytes]] = concurrent.futures.Future()
         with self._lock:
             if self._exited.is_set():
@@ -288,6 +290,8 @@ class ModelProcess:
             ident = next(self._ids)
             self._calls[ident] = future
         self._send(wire.frame(kind, ident, payload))
+        if cancel is not None:  # after the request: the process meets the CANCEL behind it
+            cancel.bind(functools.partial(self._send, wire.frame(wire.CANCEL, ident)))
         kind, answer = future.result()
         if kind == wire.ERROR:
             raise wire.unpack_error(wire.unpack_json(answer))

@@ -33,7 +33,7 @@ MAX_FRAME = 1 << 30  # a length beyond this means the stream is corrupt
 # service -> model process
 LOAD = 1  # JSON: what to load and how
 SUBMIT = 2  # u32 JSON length, JSON job, int32 prompt tokens
-CANCEL = 3
+CANCEL = 3  # stop job `id` (a generation, or an EMBED request)
 TOKENIZE = 4  # u32 at_most (0: no limit), UTF-8 text -> TOKENS or ERROR
 CALL = 5  # JSON {"op": ...} -> REPLY or ERROR
 CLOSE = 6  # b"1": let running work finish first

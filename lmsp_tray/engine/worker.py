@@ -35,7 +35,7 @@ from typing import Any
 
 from lmsp_tray.discovery.entry import GGUFInfo, ModelEntry
 from lmsp_tray.engine import embedding, wire
-from lmsp_tray.engine.embedding import Embeddings
+from lmsp_tray.engine.embedding import EmbedCancel, Embeddings
 from lmsp_tray.engine.jobs import ERROR, Finish, GenerationJob, GrammarOn, TokenLogprob
 from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan
 from lmsp_tray.engine.trigger import CallMarkers
@@ -97,6 +97,7 @@ class Worker:
     def __init__(self, writer: wire.FrameWriter) -> None:
         self._writer = writer
         self._jobs: dict[int, GenerationJob] = {}
+        self._embeds: dict[int, EmbedCancel] = {}  # EMBED requests not answered yet (a CANCEL stops one)
         self._lock = threading.Lock()
         self._calls = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="lmsp-worker-call")
         self.model: Any = None  # engine.model.LlamaModel once loaded
@@ -146,14 +147,20 @@ class Worker:
         elif kind == wire.CANCEL:
             with self._lock:
                 job = self._jobs.get(ident)
+                embed = self._embeds.get(ident)
             if job is not None:
                 job.cancel()
+            if embed is not None:
+                embed.cancel()
         elif kind == wire.TOKENIZE:
             self._calls.submit(self._tokenize, ident, payload)
         elif kind == wire.CALL:
             self._calls.submit(self._call, ident, payload)
         elif kind == wire.EMBED:
-            self._calls.submit(self._embed, ident, payload)
+            cancel = EmbedCancel()  # in place now: a CANCEL read before the call thread starts still counts
+            with self._lock:
+                self._embeds[ident] = cancel
+            self._calls.submit(self._embed, ident, payload, cancel)
         elif kind == wire.CLOSE:
             threading.Thread(target=self._close, args=(payload == b"1",), name="lmsp-worker-close").start()
         else:
@@ -226,20 +233,25 @@ class Worker:
         except Exception as exc:  # noqa: BLE001
             self._reply_error(ident, exc)
 
-    def _embed(self, ident: int, payload: bytes) -> None:
+    def _embed(self, ident: int, payload: bytes, cancel: EmbedCancel) -> None:
         """Tokenize and check the inputs on this call thread, then leave them to the embedder, whose
-        thread sends the vectors back."""
+        thread sends the vectors back (or `RequestCancelled`, once a CANCEL for `ident` came)."""
 
         def done(result: Embeddings | LMSPError) -> None:
+            with self._lock:
+                self._embeds.pop(ident, None)
             if isinstance(result, LMSPError):
                 self._reply_error(ident, result)
             else:
                 self._writer.send(wire.frame(wire.EMBEDDINGS, ident, embedding.pack(result)))
 
         try:
+            cancel.check()  # cancelled before this call thread began: not even tokenized
             inputs = wire.unpack_json(payload)["inputs"]
-            self.model.embed_async(inputs, done)
+            self.model.embed_async(inputs, done, cancel=cancel)
         except Exception as exc:  # noqa: BLE001
+            with self._lock:
+                self._embeds.pop(ident, None)
             self._reply_error(ident, exc)
 
     def _reply_error(self, ident: int, exc: Exception) -> None:

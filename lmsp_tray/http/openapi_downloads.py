@@ -120,9 +120,12 @@ def operations(example: str) -> dict[str, Any]:
     """`POST /lmsp/v1/models/pull`, built with `openapi`'s helpers (imported here: it imports this module)."""
     from lmsp_tray.http import openapi as o
 
-    accepted = o._json("The download task, started.", o._ref("Task"))
+    accepted = o._json(
+        "The download task, started (or, replayed, the one this Idempotency-Key started).", o._ref("Task")
+    )
     accepted["headers"] = {
         **accepted["headers"],
+        **o.REPLAYED_HEADER,
         "Location": {"required": True, "schema": STR, "description": "/lmsp/v1/tasks/{id}"},
     }
     return {
@@ -130,11 +133,13 @@ def operations(example: str) -> dict[str, Any]:
             "post": o._op(
                 "Download a GGUF model from Hugging Face into the shared cache, as a task: follow it with "
                 "GET /tasks/{id}/events (scope tasks:read), cancel it with POST /tasks/{id}/cancel (the part "
-                "fetched is kept; pulling again resumes). The finished model is in GET /models.",
+                "fetched is kept; pulling again resumes). The finished model is in GET /models. With an "
+                "Idempotency-Key a retry gets the same task, never a second download.",
                 "models:manage",
                 {"202": accepted},
                 body=o._body(_ref("ModelPull"), {"model": example}),
-                problems=("404", "502", "503", "507"),
+                params=[o.IDEMPOTENCY_KEY],
+                problems=("404", "409", "422", "502", "503", "507"),
             )
         }
     }

@@ -11,6 +11,11 @@ cancel and event reads of this kind to `DownloadTasks`.
   checked *before* the task exists, so a bad name, a gated repository or a
   full disk is the request's problem document (`hub.errors`); then the task is
   stored with its plan (the commit is fixed) and starts at once;
+- `Idempotency-Key` (`serving.replay`, as on `POST /tasks`): the key is claimed
+  before planning and finished in the write that stores the task, so a retry
+  of a pull whose answer was lost gets the same task (`Idempotent-Replayed`)
+  and never a second download; a pull that fails before its task exists
+  releases the key;
 - running: `hub.pull.Puller.run` on a thread; progress becomes events at most
   every `progress_every` seconds (and on each change of phase or file), each
   committed with the task's current `download` object (`GET /tasks/{id}` shows
@@ -40,7 +45,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from lmsp_tray.errors import InternalError, InvalidRequest, LMSPError, ServiceUnavailable
+from lmsp_tray.errors import InternalError, InvalidRequest, LMSPError, ServiceUnavailable, TaskNotFound
 from lmsp_tray.hub.errors import DownloadCancelled
 from lmsp_tray.hub.pull import Puller, PullPlan, PullProgress, PullResult
 from lmsp_tray.hub.transfer import CancelToken
@@ -48,9 +53,10 @@ from lmsp_tray.ids import new_id
 from lmsp_tray.protocol import downloads as ev
 from lmsp_tray.protocol.events import Event
 from lmsp_tray.serving import storage
-from lmsp_tray.serving.replay import ANONYMOUS, Caller
+from lmsp_tray.serving.replay import ANONYMOUS, Caller, Claim, Idempotency, Replay
 from lmsp_tray.serving.tasks import TaskFeed
 from lmsp_tray.store import Database, event_log
+from lmsp_tray.store import idempotency_keys as keys
 from lmsp_tray.store import task_rows as task_store
 from lmsp_tray.store.task_rows import TaskRecord
 
@@ -122,9 +128,11 @@ class DownloadTasks:
         *,
         model_for: Callable[[Path], dict[str, Any] | None] = lambda _path: None,
         progress_every: float = PROGRESS_EVERY_S,
+        idempotency: Idempotency | None = None,
     ) -> None:
         self.puller = puller
         self.db = db
+        self.idempotency = idempotency or Idempotency(db)
         self.model_for = model_for
         self.progress_every = progress_every
         self._runs: dict[str, _Run] = {}
@@ -163,20 +171,41 @@ class DownloadTasks:
                 log.exception("download listener failed")
 
     # -- requests -------------------------------------------------------------------------------------
-    async def create(self, body: Any, *, caller: Caller = ANONYMOUS) -> TaskRecord:
-        """Plan the pull and check the disk (errors are the request's), then store and start the task."""
+    async def create(self, body: Any, *, caller: Caller = ANONYMOUS, key: str | None = None) -> tuple[TaskRecord, bool]:
+        """Plan the pull and check the disk (errors are the request's), then store and start the task.
+
+        Returns the task and whether it is an idempotent replay (`key` used before with this body)."""
         if self._stopping:
             raise ServiceUnavailable("The service is shutting down; start the download again once it is back.")
         model, projector = parse_pull(body)
-        plan = await asyncio.to_thread(self.puller.plan, model, projector=projector)
-        await asyncio.to_thread(self.puller.check_space, plan)
-        task_id = new_id("task")
-        request = {"model": model, "include_mmproj": projector, "plan": plan.to_json()}
-        first = ev.download_event(1, ev.CREATED, task_id, status="queued", download=download_object(plan))
-        task = await storage.write(self.db, _create, task_id, request, caller.owner, first, download_object(plan))
+        claim: Claim | None = None
+        if key is not None:
+            outcome = await self.idempotency.claim(caller, key, "models.pull", body)
+            if isinstance(outcome, Replay):
+                return await self._replayed(outcome), True
+            claim = outcome
+        try:
+            plan = await asyncio.to_thread(self.puller.plan, model, projector=projector)
+            await asyncio.to_thread(self.puller.check_space, plan)
+            task_id = new_id("task")
+            request = {"model": model, "include_mmproj": projector, "plan": plan.to_json()}
+            first = ev.download_event(1, ev.CREATED, task_id, status="queued", download=download_object(plan))
+            task = await storage.write(
+                self.db, _create, task_id, request, caller.owner, first, download_object(plan), claim
+            )
+        except BaseException:
+            if claim is not None:
+                self.idempotency.release(claim)
+            raise
         feed = TaskFeed(task_id)
         feed.publish([first])
         self._start(task, plan, feed)
+        return task, False
+
+    async def _replayed(self, replay: Replay) -> TaskRecord:
+        task = await storage.read(self.db, task_store.get, str(replay.result.get("task_id")))
+        if task is None:
+            raise TaskNotFound("The download task this Idempotency-Key created is no longer kept.")
         return task
 
     def handles(self, task: TaskRecord) -> bool:
@@ -413,11 +442,19 @@ def _rows(events: Iterable[Event]) -> list[tuple[int, str, dict[str, Any]]]:
 
 
 def _create(
-    conn: Any, task_id: str, request: dict[str, Any], owner: str | None, first: Event, record: dict[str, Any]
+    conn: Any,
+    task_id: str,
+    request: dict[str, Any],
+    owner: str | None,
+    first: Event,
+    record: dict[str, Any],
+    claim: Claim | None,
 ) -> TaskRecord:
     task_store.create(conn, task_id, request, owner=owner, kind=ev.KIND)
     event_log.append_events(conn, task_id, _rows([first]))
     task_store.set_result(conn, task_id, record)
+    if claim is not None:  # in the same write: a crash cannot keep the key without the task
+        keys.finish(conn, claim.scope, claim.key, {"kind": "task", "task_id": task_id})
     task = task_store.get(conn, task_id)
     assert task is not None
     return task

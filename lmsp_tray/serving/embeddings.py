@@ -7,7 +7,9 @@ capabilities); a chat model is refused with `unsupported_capability` (see
 README: lmsp-tray does not pool a generative model's states into vectors).
 The engine checks every input against the model's window before decoding
 (400 naming the input's index) and batches the inputs of all requests;
-`dimensions` truncates and normalises again here.
+`dimensions` truncates and normalises again here. A request whose client went
+away is stopped through its `EmbedCancel` (the model drops its inputs left and
+frees its place); it then ends `RequestCancelled` and is not retried.
 """
 
 from __future__ import annotations
@@ -15,14 +17,17 @@ from __future__ import annotations
 import asyncio
 import base64
 
-from lmsp_tray.engine.embedding import Embeddings
+from lmsp_tray.engine.embedding import EmbedCancel, Embeddings
 from lmsp_tray.errors import InvalidRequest, ModelCrashed, ServiceUnavailable, UnsupportedCapability
 from lmsp_tray.protocol.embeddings import EmbeddingRequest
 from lmsp_tray.serving.service import Service
 
 
-async def embed(service: Service, request: EmbeddingRequest) -> tuple[str, Embeddings]:
-    """The model's id and the vectors of `request.inputs` (truncated to `dimensions`)."""
+async def embed(
+    service: Service, request: EmbeddingRequest, *, cancel: EmbedCancel | None = None
+) -> tuple[str, Embeddings]:
+    """The model's id and the vectors of `request.inputs` (truncated to `dimensions`); after
+    `cancel.cancel()` it stops within one decode and raises `RequestCancelled`."""
     entry = service.entry(request.model, param="model")
     if "embeddings" not in service.model_capabilities(entry):
         raise UnsupportedCapability(
@@ -38,12 +43,14 @@ async def embed(service: Service, request: EmbeddingRequest) -> tuple[str, Embed
         model = service.models.use_if_loaded(entry.id)
         if model is None:
             model = await asyncio.to_thread(service.models.acquire, entry)
+        if cancel is not None:
+            cancel.check()  # gone while the model loaded
         try:
-            result = await asyncio.to_thread(model.embed, list(request.inputs))
+            result = await asyncio.to_thread(model.embed, list(request.inputs), cancel=cancel)
             break
         except (ServiceUnavailable, ModelCrashed):
-            if attempt:
-                raise  # unloaded (or gone) twice in a row: give up
+            if attempt or (cancel is not None and cancel.cancelled):
+                raise  # unloaded (or gone) twice in a row, or no one waits for it: give up
     return entry.id, result.truncated(request.dimensions)
 
 

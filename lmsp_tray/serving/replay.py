@@ -1,4 +1,4 @@
-"""Idempotency-Key for `POST /responses` and `POST /tasks`: run a request once, replay it after.
+"""Idempotency-Key for `POST /responses`, `POST /tasks`, `POST /models/pull`: run once, replay after.
 
 Why: a client that lost the connection retries with the same key and must
 get the original result, not a second generation. The first request with a
@@ -17,8 +17,8 @@ What is kept per kind of result:
 - ``{"kind": "stream", "owner_id": "resp_…"}`` — a streamed response whose
   events are in the event log under the response id (written as they were
   sent, the terminal one together with this result, in one transaction);
-- ``{"kind": "task", "task_id": "task_…"}`` — the task created; a replay
-  answers with the task as it is now.
+- ``{"kind": "task", "task_id": "task_…"}`` — the task created (a response
+  task or a model download); a replay answers with the task as it is now.
 A request that fails before producing a result, is cancelled (its client
 left) or ends `failed` releases its key, so a retry runs anew.
 """

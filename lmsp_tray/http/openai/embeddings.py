@@ -5,19 +5,23 @@ codebase indexing in editor assistants, LangChain/LlamaIndex vector stores)
 ask an OpenAI-compatible server for embeddings. The body is validated off
 the event loop when it is large (a batch of 2048 documents); the vectors
 come back as floats or base64 float32; a large answer is serialised off the
-loop too.
+loop too. A client that disconnects before its answer cancels the request, as
+one of `/v1/completions` does: the model stops embedding the inputs left of
+its batch and its place in the queue is free for the next request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from lmsp_tray.engine.embedding import Embeddings
+from lmsp_tray.engine.embedding import EmbedCancel, Embeddings
 from lmsp_tray.http.api import Scoped
 from lmsp_tray.http.routes import JSON, decode_json, off_loop, read_body
+from lmsp_tray.http.sse import wait_disconnect
 from lmsp_tray.http.wire_json import dumpb
 from lmsp_tray.protocol.embeddings import parse_embedding_create
 from lmsp_tray.serving.embeddings import embed, openai_list
@@ -36,7 +40,20 @@ def _answer(model_id: str, result: Embeddings, encoding_format: str) -> bytes:
 
 async def create_embeddings(request: Request) -> Response:
     parsed = await off_loop(lambda raw: parse_embedding_create(decode_json(raw)), await read_body(request))
-    model_id, result = await embed(_service(request), parsed)
+    cancel = EmbedCancel()
+    work = asyncio.ensure_future(embed(_service(request), parsed, cancel=cancel))
+    gone = asyncio.ensure_future(wait_disconnect(request.receive))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            cancel.cancel()  # the client left: stop embedding the rest of its inputs now
+        model_id, result = await work
+    finally:
+        if not work.done():  # this handler itself was cancelled (the server stops)
+            cancel.cancel()
+        gone.cancel()
+        with contextlib.suppress(BaseException):
+            await gone
     if len(result.vectors) <= INLINE_ANSWER_ROWS:
         return JSON(openai_list(model_id, result, parsed.encoding_format))
     body = await asyncio.to_thread(_answer, model_id, result, parsed.encoding_format)
