@@ -119,10 +119,10 @@ CHUNK_STREAM = (
 )
 RESPONSE_STREAM = (
     "With `stream: true`: OpenAI's Responses events (this schema is one event), each an `event:` line with its "
-    "name and a `data:` line "
-    "with its JSON (`type`, `sequence_number`, …): response.created, response.in_progress, "
-    "response.output_item.added, response.output_text.delta, …, then exactly one of response.completed, "
-    "response.incomplete or response.failed (a failure after the first byte) or error."
+    "name and a `data:` line with its JSON (`type`, `sequence_number` from 0, …): the events of a /lmsp/v1 "
+    "stream (response.created, response.output_item.added, response.output_text.delta, …; a custom tool's "
+    "input as response.custom_tool_call_input.delta/done) in OpenAI's shape, then exactly one terminal event: "
+    "response.completed, response.incomplete, response.failed, response.cancelled, or error."
 )
 GENERATION_ERRORS = ("404", "409", "422", "429", "503", "507")
 
