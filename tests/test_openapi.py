@@ -100,6 +100,9 @@ def test_v1_operations_speak_openai() -> None:
             assert list(validator.iter_errors(example)) == [], (key, example)
         assert not validator.is_valid({"messages": []}), key  # and the schema is not empty: `model` is required
     for key, op in v1.items():
+        for param in op.get("parameters", []):
+            if "example" in param:
+                assert _validator(doc, param["schema"]).is_valid(param["example"]), (key, param["name"])
         for status, answer in op["responses"].items():
             if status.startswith("2"):
                 continue
