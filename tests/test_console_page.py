@@ -509,3 +509,21 @@ def test_thinking_is_shown_collapsed(daemon_factory, models_dir: Path, browser) 
     assert thinking.get_attribute("open") is not None
     console.context.close()
     assert console.errors == []
+
+
+def test_models_view_shows_fill_in_the_middle(daemon_factory, models_dir: Path, browser) -> None:
+    from gguf_factory import write_tiny_gguf
+
+    write_tiny_gguf(models_dir / "fim-coder.gguf", basename="fim-coder", fim="names", seed=8)
+    console = open_console(daemon_factory(), browser)
+    console.view("models")
+    page = console.page
+    chips = {}
+    for model_id in ("fim-coder:1m-f32", TINY_ID):
+        card = page.locator("article.model", has=page.locator("h2", has_text=model_id))
+        card.wait_for()
+        chips[model_id] = card.locator(".chips li").all_text_contents()
+    assert "fill-in-the-middle" in chips["fim-coder:1m-f32"] and "text" in chips["fim-coder:1m-f32"]
+    assert "fill-in-the-middle" not in chips[TINY_ID] and "text" in chips[TINY_ID]
+    console.context.close()
+    assert console.errors == []

@@ -225,6 +225,7 @@ def test_gemma_header_with_262k_tokens(tmp_path: Path) -> None:
     assert info.context_length == 32768 and info.vocab_size == 262144
     assert (info.bos_token, info.eos_token) == ("<bos>", "<eos>")
     assert info.chat_template is None
+    assert info.fim_tokens is False  # its 262k token texts searched: no FIM tokens (llama.cpp agrees)
     with open(target, "r+b") as dst:
         dst.truncate(parts[0].stat().st_size)  # only the first of the four chunks
     assert "incomplete file" in _error(target)

@@ -56,6 +56,32 @@ def sdk(live: LiveDaemon) -> openai.OpenAI:
     return openai.OpenAI(base_url=live.base + "/v1", api_key=live.owner_token, max_retries=0, timeout=300)
 
 
+def test_listings_say_which_models_fill_in_the_middle(live: LiveDaemon, sdk: openai.OpenAI) -> None:
+    """Read from the GGUF headers before any model is loaded: an LMSP extension on /lmsp/v1 (whose
+    capability names are fixed), a capability on /v1/models; and true to what a `suffix` request does."""
+    fim = {FIM_META: True, FIM_NAMES: True, FIM_SLOW: True, TINY_ID: False}
+    with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
+        listing = {m["id"]: m for m in c.get("/models").json()["data"]}
+        assert {i: listing[i]["state"] for i in fim} == dict.fromkeys(fim, "available")  # nothing loaded
+        for model_id, expected in fim.items():
+            for lmsp in (listing[model_id], c.get(f"/models/{model_id}").json()):
+                assert lmsp["extensions"]["lmsp_tray"]["fill_in_the_middle"] is expected
+                assert "fill_in_the_middle" not in lmsp["capabilities"] and "text" in lmsp["capabilities"]
+            v1 = c.get(f"{live.base}/v1/models/{model_id}").json()
+            assert ("fill_in_the_middle" in v1["capabilities"]) is expected
+            assert v1["capabilities"][: len(lmsp["capabilities"])] == lmsp["capabilities"]
+        v1_list = {m["id"]: m for m in c.get(f"{live.base}/v1/models").json()["data"]}
+        assert {i: "fill_in_the_middle" in v1_list[i]["capabilities"] for i in fim} == fim
+    for model_id, expected in fim.items():
+        if expected:
+            done = sdk.completions.create(model=model_id, prompt=PREFIX, suffix=SUFFIX, max_tokens=1)
+            assert done.choices[0].finish_reason == "length"
+        else:
+            with pytest.raises(openai.BadRequestError) as refused:
+                sdk.completions.create(model=model_id, prompt=PREFIX, suffix=SUFFIX, max_tokens=1)
+            assert refused.value.code == "unsupported_capability"
+
+
 @pytest.mark.parametrize("model", [FIM_META, FIM_NAMES])
 def test_fill_in_the_middle_uses_the_models_fim_tokens(sdk: openai.OpenAI, model: str) -> None:
     fim = sdk.completions.create(model=model, prompt=PREFIX, suffix=SUFFIX, max_tokens=12, temperature=0)

@@ -16,11 +16,15 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, settings
+from jsonschema import Draft202012Validator
 from schemathesis.core.parameters import ParameterLocation
+from schemathesis.specs.openapi.definitions import OPENAPI_31
+from starlette.routing import Mount
 from support import TINY_ID, LiveDaemon
 
-from lmsp_tray.http.api import PUBLIC
-from lmsp_tray.http.app import LMSP
+from lmsp_tray.http.api import PUBLIC, Scoped, api_for
+from lmsp_tray.http.app import APIS, CONSOLE
+from lmsp_tray.http.openai import OPENAI
 from lmsp_tray.http.openapi import EVENTS, build_openapi
 
 FUZZ_EXAMPLES = int(os.environ.get("LMSP_FUZZ_EXAMPLES", "25"))
@@ -30,12 +34,27 @@ def _doc_path(route_path: str) -> str:
     return re.sub(r"\{([^}:]+)(:[^}]+)?\}", r"{\1}", route_path)
 
 
+def _mounted() -> set[tuple[str, str]]:
+    """(method, path) of every API route the app mounts (what `create_app` builds its router from), the
+    console page's files aside: they are files, not API."""
+    out: set[tuple[str, str]] = set()
+    for api in APIS:
+        if api is CONSOLE:
+            continue
+        for mount in api.starlette_routes():
+            if isinstance(mount, Mount):
+                for route in mount.routes:
+                    assert isinstance(route, Scoped)
+                    out |= {(m.lower(), _doc_path(mount.path + route.path)) for m in route.scopes}
+    return out
+
+
 def test_document_matches_the_routes() -> None:
     doc = build_openapi()
-    routes = {(m.lower(), _doc_path(p)) for m, p, _ in LMSP.endpoints()}
-    routes |= {("get", "/lmsp/v1")}  # the root, also served without its slash
+    routes = _mounted() | {("get", "/lmsp/v1")}  # the root, also served without its slash
+    assert {p for _, p in routes if p.startswith("/v1/")} == {_doc_path(p) for _, p, _ in OPENAI.endpoints()}
     documented = {(m, p) for p, ops in doc["paths"].items() for m in ops}
-    assert routes - documented == set(), "routes missing from lmsp_tray/http/openapi.py"
+    assert routes - documented == set(), "routes missing from lmsp_tray/http/openapi*.py"
     assert documented - routes == set(), "documented paths with no route"
 
 
@@ -43,12 +62,60 @@ def test_document_scopes_match_the_security_table() -> None:
     doc = build_openapi()
     for path, ops in doc["paths"].items():
         for method, op in ops.items():
-            scope = LMSP.required_scope(method.upper(), re.sub(r"\{[^}]+\}", "x", path))
+            concrete = re.sub(r"\{[^}]+\}", "x", path)
+            scope = api_for(APIS, concrete).required_scope(method.upper(), concrete)
             if scope == PUBLIC:
                 assert "x-lmsp-scope" not in op and op["security"] in ([], [{"pollToken": []}]), (method, path)
             else:
                 assert op["x-lmsp-scope"] == scope and op["security"] == [{"bearer": [scope]}], (method, path)
                 assert {"401", "403"} <= set(op["responses"]), (method, path)
+
+
+def test_document_is_valid_openapi_3_1() -> None:
+    """Against the OpenAPI 3.1 schema (the one schemathesis ships), and every shape a valid JSON Schema."""
+    doc = build_openapi()
+    errors = sorted(Draft202012Validator(OPENAPI_31).iter_errors(doc), key=str)
+    assert errors == [], [f"{list(e.absolute_path)}: {e.message}" for e in errors[:5]]
+    for schema in doc["components"]["schemas"].values():
+        Draft202012Validator.check_schema(schema)  # raises, naming the fault
+
+
+def _validator(doc: dict, schema: dict) -> Draft202012Validator:
+    return Draft202012Validator({**schema, "components": doc["components"]})  # `#/components/...` resolves
+
+
+def test_v1_operations_speak_openai() -> None:
+    """Every /v1 operation: its body's examples valid against its schema, its errors OpenAI's error object,
+    its streams documented; the request bodies are the pydantic models' own schemas."""
+    doc = build_openapi()
+    v1 = {(m, p): op for p, ops in doc["paths"].items() if p.startswith("/v1/") for m, op in ops.items()}
+    bodies = {key for key, op in v1.items() if "requestBody" in op}
+    assert bodies == {("post", f"/v1/{p}") for p in ("chat/completions", "completions", "embeddings", "responses")}
+    for key in bodies:
+        media = v1[key]["requestBody"]["content"]["application/json"]
+        examples = [e["value"] for e in media["examples"].values()]
+        assert examples and all(e["model"] == "qwen3:14b-q4_k_m" for e in examples), key
+        validator = _validator(doc, media["schema"])
+        for example in examples:
+            assert list(validator.iter_errors(example)) == [], (key, example)
+        assert not validator.is_valid({"messages": []}), key  # and the schema is not empty: `model` is required
+    for key, op in v1.items():
+        for param in op.get("parameters", []):
+            if "example" in param:
+                assert _validator(doc, param["schema"]).is_valid(param["example"]), (key, param["name"])
+        for status, answer in op["responses"].items():
+            if status.startswith("2"):
+                continue
+            assert answer["content"] == {"application/json": {"schema": {"$ref": "#/components/schemas/V1Error"}}}
+        assert "x-lmsp-scope" in op and op["security"] == [{"bearer": [op["x-lmsp-scope"]]}], key
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
+        assert set(v1[("post", path)]["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
+    schemas = doc["components"]["schemas"]
+    from lmsp_tray.protocol.openai_chat import ChatCompletionCreate
+
+    assert schemas["V1ChatCompletionCreate"]["required"] == ChatCompletionCreate.model_json_schema()["required"]
+    error = {"error": {"message": "No model 'x'.", "type": "invalid_request_error", "param": "model", "code": "x"}}
+    assert _validator(doc, {"$ref": "#/components/schemas/V1Error"}).is_valid(error)
 
 
 def test_document_describes_events_and_problems() -> None:
@@ -69,6 +136,8 @@ def test_served_without_a_token_and_valid(daemon: LiveDaemon) -> None:
     examples = doc["paths"]["/lmsp/v1/responses"]["post"]["requestBody"]["content"]["application/json"]["examples"]
     assert {e["value"]["model"] for e in examples.values()} <= {TINY_ID, "slow-test:4m-f32"}  # runnable examples
     assert {e["value"].get("stream", False) for e in examples.values()} == {False, True}
+    v1 = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["examples"]
+    assert {e["value"]["model"] for e in v1.values()} == {e["value"]["model"] for e in examples.values()}
     schemathesis.openapi.from_dict(doc)  # loads (and so is a well-formed OpenAPI document)
 
 
@@ -87,6 +156,16 @@ FUZZ_DOC = build_openapi(TINY_ID)
 fuzz_schema = schemathesis.openapi.from_dict(FUZZ_DOC)
 
 
+GENERATING = {
+    "POST /lmsp/v1/responses",
+    "POST /lmsp/v1/tasks",
+    "POST /v1/chat/completions",
+    "POST /v1/completions",
+    "POST /v1/responses",
+    "POST /v1/embeddings",
+}
+
+
 @fuzz_schema.parametrize()
 @settings(
     max_examples=FUZZ_EXAMPLES,
@@ -98,7 +177,7 @@ fuzz_schema = schemathesis.openapi.from_dict(FUZZ_DOC)
 )
 def test_fuzz(case: schemathesis.Case, fuzz_target: LiveDaemon) -> None:
     excluded = []
-    if case.operation.label in ("POST /lmsp/v1/responses", "POST /lmsp/v1/tasks", "PATCH /lmsp/v1/settings"):
+    if case.operation.label in GENERATING or case.operation.label == "PATCH /lmsp/v1/settings":
         # Schema-valid is not always acceptable here, and the document says so: a body may be well formed
         # yet not fit the context window or need a capability the model lacks (documented 400s); a setting
         # may be a string that is not a duration, or a folder list config.toml refuses.
@@ -107,6 +186,10 @@ def test_fuzz(case: schemathesis.Case, fuzz_target: LiveDaemon) -> None:
         # A pull needs Hugging Face, which no test reaches (HF_ENDPOINT refuses connections): a well-formed
         # name gets the documented 502 hub_unavailable; the fake-Hub tests cover the other answers.
         excluded += [schemathesis.checks.positive_data_acceptance, schemathesis.checks.not_a_server_error]
+    if case.operation.label in GENERATING and case.operation.path.startswith("/v1/"):
+        # /v1 takes what OpenAI's clients send, liberal where they differ harmlessly (pydantic's lax mode:
+        # `logprobs: false` for 0, `strict: 0` for false); the document says what a client should send.
+        excluded.append(schemathesis.checks.negative_data_rejection)
     # A case generated to violate the headers (e.g. with the required Authorization taken away) must
     # go out as generated, so the service's 401 is what gets checked; all other cases carry our token.
     negative_headers = case.meta is not None and case.meta.is_negative_at(ParameterLocation.HEADER)

@@ -12,6 +12,11 @@ so chat and completions to it are refused with `unsupported_capability`.
 Chat models are not offered for embeddings (see README: a generative model's
 pooled hidden state is a poor embedding, and serving one would need a second
 context per model).
+
+Fill-in-the-middle (`POST /v1/completions` with a `suffix`) is not one of
+them: LMSP 1.0 names the capabilities a model object may list, so it is
+reported as the extension `extensions.lmsp_tray.fill_in_the_middle` (and in the
+`capabilities` of `/v1/models`, which is this service's own field).
 """
 
 from __future__ import annotations
@@ -29,3 +34,9 @@ def model_capabilities(entry: ModelEntry) -> list[str]:
     if think_markers(entry.info.chat_template if entry.info else None):
         caps.append("reasoning")
     return caps
+
+
+def fill_in_the_middle(entry: ModelEntry) -> bool:
+    """Whether the model completes between a prefix and a suffix: a text model whose vocabulary has the
+    FIM prefix, suffix and middle tokens (found in its header as llama.cpp finds them)."""
+    return entry.ok and entry.info is not None and entry.info.fim_tokens and not entry.info.embeddings

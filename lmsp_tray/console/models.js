@@ -112,7 +112,9 @@ function card(model) {
     ),
     h("p", { class: "path", title: ext.path || "" }, ext.file_name || "", ext.path ? h("span", { class: "muted" }, ` — ${folderOf(ext.path)}`) : null),
     h("dl", { class: "facts" }, facts.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
-    h("ul", { class: "chips", "aria-label": "Capabilities" }, (model.capabilities || []).map((c) => h("li", {}, c))),
+    // Fill-in-the-middle is an extension on /lmsp/v1 (LMSP fixes the capability names); shown as one.
+    h("ul", { class: "chips", "aria-label": "Capabilities" },
+      [...(model.capabilities || []), ...(ext.fill_in_the_middle ? ["fill-in-the-middle"] : [])].map((c) => h("li", {}, c))),
   ];
   if (model.state === "loading" || model.state === "unloading") {
     if (!started.has(model.id)) started.set(model.id, Date.now());

@@ -45,6 +45,7 @@ class GGUFInfo:
     vocab_size: int | None = None  # entries in tokenizer.ggml.tokens
     split_index: int | None = None  # split.no (0 for the first part of a split model)
     pooling_type: int | None = None  # <arch>.pooling_type: 0 none, 1 mean, 2 cls, 3 last, 4 rank (a reranker)
+    fim_tokens: bool = False  # fill-in-the-middle prefix, suffix and middle tokens, as llama.cpp finds them
 
     @property
     def embeddings(self) -> bool:

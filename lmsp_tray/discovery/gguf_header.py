@@ -6,7 +6,8 @@ reader maps the whole file and decodes every array), keeps the scalars and
 strings, walks the big string arrays (`tokenizer.ggml.tokens`, `merges`)
 without building them, and stops before the tensor data. The only token
 strings it decodes are the BOS/EOS texts, found again through offsets it
-noted on the way. Then it reads the tensor table (names, shapes, types,
+noted on the way; when the metadata does not name the fill-in-the-middle
+tokens it searches the vocabulary's raw bytes for their texts (`fim`). Then it reads the tensor table (names, shapes, types,
 offsets: a few bytes per tensor) to learn where the weights must end, so a
 download cut short in the weights is caught without reading them. A file
 that is not GGUF, too old, truncated or absurd raises `GGUFError` with a
@@ -29,6 +30,7 @@ from typing import Any, BinaryIO
 from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUFValueType, LlamaFileType
 
 from lmsp_tray.discovery.entry import GGUFInfo
+from lmsp_tray.discovery.fim import has_fim_tokens
 
 MAGIC = struct.pack("<I", GGUF_MAGIC)  # b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -42,6 +44,7 @@ MAX_ARRAY_DEPTH = 4
 MAX_DIMS = 8
 SMALL_ARRAY = 4096  # numeric arrays up to this length are decoded (per-layer head counts)
 TOKEN_CHECKPOINT = 64  # note the offset of every 64th token to find BOS/EOS texts later
+MAX_VOCAB_SEARCH = 1 << 26  # a vocabulary's strings over this are not searched for FIM token texts
 
 _FIRST_CHUNK = 1 << 16
 _MAX_CHUNK = 1 << 23
@@ -302,6 +305,7 @@ def _parse(r: _Reader) -> GGUFInfo:
 
     kv: dict[str, Any] = {}
     checkpoints: list[int] = []
+    vocab: tuple[int, int] | None = None
     key = ""
     i = 0
     try:
@@ -310,6 +314,8 @@ def _parse(r: _Reader) -> GGUFInfo:
             key = r.string(MAX_KEY_BYTES)
             vtype = r.u32()
             kv[key] = _value(r, vtype, key, checkpoints if key == TOKENS_KEY else None, 0)
+            if key == TOKENS_KEY and checkpoints:
+                vocab = (checkpoints[0], r.pos)  # where the token strings start and end
     except GGUFError as exc:
         where = f"metadata {key!r}" if key else f"metadata entry {i + 1} of {n_kv}"
         raise _rewrap(exc, where) from None
@@ -319,7 +325,14 @@ def _parse(r: _Reader) -> GGUFInfo:
         raise _rewrap(exc, "the tensor table") from None
     bos = _token_text(r, kv, checkpoints, "tokenizer.ggml.bos_token_id")
     eos = _token_text(r, kv, checkpoints, "tokenizer.ggml.eos_token_id")
-    info = _info(kv, n_tensors, bos, eos)
+    tokens = kv.get(TOKENS_KEY)
+    fim = has_fim_tokens(
+        kv,
+        tokens.count if isinstance(tokens, _Array) else 0,
+        lambda: _vocab_bytes(r, vocab),
+        [c - checkpoints[0] for c in checkpoints],
+    )
+    info = _info(kv, n_tensors, bos, eos, fim)
     if weights_end is not None and weights_end > r.size:
         missing = weights_end - r.size
         share = 100 * missing / max(weights_end - data_start, 1)
@@ -454,6 +467,14 @@ def _token_text(r: _Reader, kv: dict[str, Any], checkpoints: list[int], id_key: 
     return r.string()
 
 
+def _vocab_bytes(r: _Reader, span: tuple[int, int] | None) -> bytes | None:
+    """The raw token strings (each an 8-byte length and its bytes), read again for the FIM search."""
+    if span is None or span[1] - span[0] > MAX_VOCAB_SEARCH:
+        return None
+    r.pos = span[0]
+    return r.raw(span[1] - span[0])
+
+
 def _int(value: Any) -> int | None:
     """An int from a scalar, or the largest of a per-layer array (a safe upper bound)."""
     if isinstance(value, bool):
@@ -486,7 +507,7 @@ def quantization_name(file_type: int | None) -> str | None:
     return name
 
 
-def _info(kv: dict[str, Any], n_tensors: int, bos: str | None, eos: str | None) -> GGUFInfo:
+def _info(kv: dict[str, Any], n_tensors: int, bos: str | None, eos: str | None, fim: bool) -> GGUFInfo:
     arch = _str(kv.get("general.architecture"))
 
     def a(name: str) -> int | None:
@@ -518,4 +539,5 @@ def _info(kv: dict[str, Any], n_tensors: int, bos: str | None, eos: str | None) 
         vocab_size=tokens.count if isinstance(tokens, _Array) else None,
         split_index=_int(kv.get("split.no")),
         pooling_type=a("pooling_type"),
+        fim_tokens=fim,
     )

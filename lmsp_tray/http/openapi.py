@@ -407,21 +407,24 @@ def build_openapi(example_model: str | None = None) -> dict[str, Any]:
             )
         },
     }
-    from lmsp_tray.http.openapi_console import console_operations  # it builds on this module's helpers
+    from lmsp_tray.http import openapi_openai  # it builds on this module's helpers
+    from lmsp_tray.http.openapi_console import console_operations
 
     ops.update(console_operations())
+    ops.update(openapi_openai.operations(model))
     return {
         "openapi": "3.1.0",
         "info": {
             "title": "lmsp-tray LMSP 1.0 API",
             "version": __version__,
-            "description": "LMSP 1.0 on loopback. Every endpoint but the service document, this document and "
-            "pairing needs `Authorization: Bearer <token>` with the scope in `x-lmsp-scope`.",
+            "description": "LMSP 1.0 on loopback, and the OpenAI-compatible `/v1` on the same port (OpenAI's "
+            "shapes and error object; schemas named V1…). Every endpoint but the service document, this "
+            "document and pairing needs `Authorization: Bearer <token>` with the scope in `x-lmsp-scope`.",
         },
         "servers": [{"url": "/"}],
         "paths": ops,
         "components": {
-            "schemas": component_schemas(),
+            "schemas": {**component_schemas(), **openapi_openai.schemas()},
             "securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer", "description": "An lmsp_… token."},
                 "pollToken": {

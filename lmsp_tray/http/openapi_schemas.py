@@ -73,7 +73,23 @@ def component_schemas() -> dict[str, Any]:
             "source": STR,
             "error": _nullable(_ref("Problem")),
         },
-        {"extensions": {"type": "object"}},
+        {
+            "extensions": {
+                "type": "object",
+                "properties": {
+                    "lmsp_tray": {
+                        "type": "object",
+                        "properties": {
+                            "fill_in_the_middle": {
+                                "type": "boolean",
+                                "description": "POST /v1/completions can fill in between `prompt` and `suffix`: "
+                                "the model's GGUF has FIM prefix, suffix and middle tokens.",
+                            }
+                        },
+                    }
+                },
+            }
+        },
     )
     token = _obj(
         {

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from lmsp_tray import __version__
 from lmsp_tray.auth.tokens import SCOPES
-from lmsp_tray.chat.capabilities import model_capabilities
+from lmsp_tray.chat.capabilities import fill_in_the_middle, model_capabilities
 from lmsp_tray.chat.parser import OutputParser, ParserConfig, apply
 from lmsp_tray.chat.plan import ChatPlan, OutputSpec, build_plan, prepare
 from lmsp_tray.config import Config, ConfigError, parse_duration
@@ -264,7 +264,11 @@ class Service:
             "source": entry.source,
             "error": problem,
         }
-        ext: dict[str, Any] = {"path": str(entry.path), "file_name": entry.path.name}
+        ext: dict[str, Any] = {
+            "path": str(entry.path),
+            "file_name": entry.path.name,
+            "fill_in_the_middle": fill_in_the_middle(entry),  # not an LMSP capability: see chat.capabilities
+        }
         if entry.error:
             ext["file_error"] = entry.error  # the file itself cannot be used (not a failed load)
         progress = self.models.load_progress(entry.id)

@@ -22,20 +22,30 @@ def _service(request: Request) -> Service:
     return request.app.state.service
 
 
+FILL_IN_THE_MIDDLE = "fill_in_the_middle"
+
+
 def model_object(model: dict[str, Any]) -> dict[str, Any]:
-    """OpenAI's model object for one model of the LMSP listing, with its context window (as vLLM and
-    LM Studio add theirs) for apps that size their prompts."""
+    """OpenAI's model object for one model of the LMSP listing, with two fields of ours beside OpenAI's:
+    its context window (as vLLM and LM Studio add theirs) for apps that size their prompts, and its
+    capabilities — LMSP's, plus `fill_in_the_middle` for a model that completes with a `suffix` (an
+    LMSP extension on `/lmsp/v1`, where the capability names are fixed), so an editor can pick a code
+    model for inline completion."""
+    own = (model.get("extensions") or {}).get("lmsp_tray") or {}
     try:
-        created = int(os.stat(model["extensions"]["lmsp_tray"]["path"]).st_mtime)
+        created = int(os.stat(own["path"]).st_mtime)
     except (KeyError, TypeError, OSError):
         created = 0
+    capabilities = list(model.get("capabilities") or [])
+    if own.get(FILL_IN_THE_MIDDLE):
+        capabilities.append(FILL_IN_THE_MIDDLE)
     return {
         "id": model["id"],
         "object": "model",
         "created": created,
         "owned_by": model.get("source") or "lmsp-tray",
         "context_length": model.get("context_length"),
-        "capabilities": model.get("capabilities"),  # e.g. ["embeddings"] for an embedding model
+        "capabilities": capabilities,  # e.g. ["embeddings"] for an embedding model
     }
 
 

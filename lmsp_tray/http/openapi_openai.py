@@ -1,0 +1,438 @@
+"""The OpenAI-compatible `/v1` in the OpenAPI document: its operations, bodies, answers and errors.
+
+Why a module of its own: `/v1` (`http/openai/`) is a second API on the same port with
+OpenAI's shapes — its request bodies are the pydantic models that validate them
+(`ChatCompletionCreate`, `CompletionCreate`, `EmbeddingCreate`; for `/v1/responses`
+the LMSP `ResponseCreate` with OpenAI's tools, items and defaults), its errors are
+OpenAI's `{"error": {"message", "type", "param", "code"}}` (never problem documents),
+and its streams are OpenAI's. Keeping it apart keeps `openapi` (LMSP's own) readable;
+`openapi.build_openapi` merges `operations()` and `schemas()` in. The tokens and scopes
+are the same as `/lmsp/v1`'s (`bearer`, `x-lmsp-scope`).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from lmsp_tray.http.openapi import AUTH_HEADER, IDEMPOTENCY_KEY, PROBLEMS, REPLAYED_HEADER, VERSION_HEADER, _path_param
+from lmsp_tray.http.openapi_parts import BOOL, INT, NUM, REF, STR
+from lmsp_tray.http.openapi_parts import nullable as _nullable
+from lmsp_tray.http.openapi_parts import obj as _obj
+from lmsp_tray.http.openapi_parts import ref as _ref
+from lmsp_tray.protocol.embeddings import MAX_INPUTS, EmbeddingCreate
+from lmsp_tray.protocol.openai_chat import ChatCompletionCreate
+from lmsp_tray.protocol.openai_chunks import error_type
+from lmsp_tray.protocol.openai_completions import CompletionCreate
+from lmsp_tray.protocol.openai_requests import HOSTED_ITEMS
+from lmsp_tray.protocol.openai_shapes import MAX_INPUT_ITEMS_PAGE
+from lmsp_tray.protocol.requests import ResponseCreate
+
+PREFIX = "V1"  # every /v1 schema is named V1…, apart from LMSP's (both have a `RefusalPart`, a `Model`…)
+JSON = "application/json"
+SSE = "text/event-stream"
+
+
+def _error(status: str) -> dict[str, Any]:
+    headers = dict(VERSION_HEADER)
+    if status == "401":
+        headers.update(AUTH_HEADER)
+    if status == "429":
+        headers["Retry-After"] = {"required": True, "schema": STR}
+    return {
+        "description": f"{PROBLEMS[status]} OpenAI's error object: the code is `error.code`, "
+        f"`error.type` is `{error_type(int(status))}`.",
+        "headers": headers,
+        "content": {JSON: {"schema": _ref(PREFIX + "Error")}},
+    }
+
+
+def _op(
+    summary: str,
+    scope: str,
+    responses: dict[str, Any],
+    *,
+    body: dict[str, Any] | None = None,
+    params: list[dict[str, Any]] | None = None,
+    errors: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """An operation of `/v1`: bearer token with `scope`; its errors in OpenAI's shape."""
+    op: dict[str, Any] = {
+        "summary": summary,
+        "tags": ["OpenAI-compatible /v1"],
+        "security": [{"bearer": [scope]}],
+        "x-lmsp-scope": scope,
+        "responses": dict(responses),
+    }
+    if body is not None:
+        op["requestBody"] = body
+        errors = (*errors, "400", "413")
+    for status in sorted({*errors, "401", "403", "500"}):
+        op["responses"][status] = _error(status)
+    if params:
+        op["parameters"] = params
+    return op
+
+
+def _json_data(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "string", "contentMediaType": JSON, "contentSchema": schema}
+
+
+def _chunk_event(chunk: str) -> dict[str, Any]:
+    """One event of a chunk stream: `data:` with a chunk or OpenAI's error object, or `[DONE]` last."""
+    data = {"anyOf": [{"const": "[DONE]"}, _json_data({"anyOf": [_ref(PREFIX + chunk), _ref(PREFIX + "Error")]})]}
+    return _obj({"data": data})
+
+
+def _response_event() -> dict[str, Any]:
+    """One event of a Responses stream: its name, and its JSON with the same `type`."""
+    return _obj({"event": STR, "data": _json_data(_obj({"type": STR, "sequence_number": INT}))})
+
+
+def _ok(
+    description: str,
+    schema: dict[str, Any],
+    stream: tuple[str, dict[str, Any]] | None = None,
+    replayed: bool = False,
+) -> dict[str, Any]:
+    """A 200 answer; `stream`: the description of its event stream and the schema of one event."""
+    content: dict[str, Any] = {JSON: {"schema": schema}}
+    if stream is not None:
+        content[SSE] = {"schema": {**stream[1], "description": stream[0]}}
+    headers = {**VERSION_HEADER, **(REPLAYED_HEADER if replayed else {})}
+    return {"description": description, "headers": headers, "content": content}
+
+
+def _body(schema: str, examples: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "required": True,
+        "content": {JSON: {"schema": _ref(schema), "examples": {k: {"value": v} for k, v in examples.items()}}},
+    }
+
+
+CHUNK_STREAM = (
+    "With `stream: true`: server-sent events as OpenAI sends them (this schema is one event) — each a bare "
+    "`data:` line holding a "
+    "`{object}` object (schema `{schema}`), the last chunk with `usage` when `stream_options.include_usage` "
+    "is true, then `data: [DONE]`. A failure after the first byte is a `data:` line with OpenAI's error "
+    "object (schema `V1Error`), then `data: [DONE]`."
+)
+RESPONSE_STREAM = (
+    "With `stream: true`: OpenAI's Responses events (this schema is one event), each an `event:` line with its "
+    "name and a `data:` line with its JSON (`type`, `sequence_number` from 0, …): the events of a /lmsp/v1 "
+    "stream (response.created, response.output_item.added, response.output_text.delta, …; a custom tool's "
+    "input as response.custom_tool_call_input.delta/done) in OpenAI's shape, then exactly one terminal event: "
+    "response.completed, response.incomplete, response.failed, response.cancelled, or error."
+)
+GENERATION_ERRORS = ("404", "409", "422", "429", "503", "507")
+
+
+def operations(model: str) -> dict[str, dict[str, Any]]:
+    """The `/v1` paths; `model` (an available model id) makes the examples runnable."""
+    model_param = _path_param("model_id", "A model id from GET /v1/models.", model)
+    response_param = _path_param("response_id", "A response id (resp_…) stored with `store` (the default).")
+    chat = {"model": model, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8, "temperature": 0}
+    completion = {"model": model, "prompt": "def hello():\n    return ", "max_tokens": 8, "temperature": 0}
+    response = {"model": model, "input": "Say hello.", "max_output_tokens": 8, "temperature": 0}
+    return {
+        "/v1/models": {
+            "get": _op(
+                "List the models (OpenAI's model objects, with `context_length` and `capabilities`).",
+                "models:read",
+                {"200": _ok("The models.", _ref(PREFIX + "ModelList"))},
+            )
+        },
+        "/v1/models/{model_id}": {
+            "get": _op(
+                "One model.",
+                "models:read",
+                {"200": _ok("The model.", _ref(PREFIX + "Model"))},
+                params=[model_param],
+                errors=("404",),
+            )
+        },
+        "/v1/chat/completions": {
+            "post": _op(
+                "Chat completion (OpenAI's Chat Completions), sync or streamed.",
+                "responses:create",
+                {
+                    "200": _ok(
+                        "The chat completion; or, with `stream: true`, its chunks.",
+                        _ref(PREFIX + "ChatCompletion"),
+                        (
+                            CHUNK_STREAM.format(object="chat.completion.chunk", schema="V1ChatCompletionChunk"),
+                            _chunk_event("ChatCompletionChunk"),
+                        ),
+                        replayed=True,
+                    )
+                },
+                body=_body(PREFIX + "ChatCompletionCreate", {"default": chat, "stream": {**chat, "stream": True}}),
+                params=[IDEMPOTENCY_KEY],
+                errors=GENERATION_ERRORS,
+            )
+        },
+        "/v1/completions": {
+            "post": _op(
+                "Text completion (OpenAI's legacy Completions): continue `prompt`, or fill in the middle "
+                "between `prompt` and `suffix` with a model whose listing shows `fill_in_the_middle`.",
+                "responses:create",
+                {
+                    "200": _ok(
+                        "The text completion; or, with `stream: true`, its chunks.",
+                        _ref(PREFIX + "TextCompletion"),
+                        (
+                            CHUNK_STREAM.format(object="text_completion", schema="V1TextCompletionChunk"),
+                            _chunk_event("TextCompletionChunk"),
+                        ),
+                        replayed=True,
+                    )
+                },
+                body=_body(
+                    PREFIX + "CompletionCreate",
+                    {
+                        "default": completion,
+                        "stream": {**completion, "stream": True},
+                        "fill_in_the_middle": {**completion, "suffix": "\n\nprint(hello())\n"},
+                    },
+                ),
+                params=[IDEMPOTENCY_KEY],
+                errors=GENERATION_ERRORS,
+            )
+        },
+        "/v1/embeddings": {
+            "post": _op(
+                'Embeddings, with an embedding model (its `capabilities` are `["embeddings"]`).',
+                "responses:create",
+                {"200": _ok("The vectors.", _ref(PREFIX + "EmbeddingList"))},
+                body=_body(PREFIX + "EmbeddingCreate", {"default": {"model": model, "input": ["Say hello."]}}),
+                errors=("404", "429", "503", "507"),
+            )
+        },
+        "/v1/responses": {
+            "post": _op(
+                "Generate a response (OpenAI's Responses API; stored by default), sync or streamed.",
+                "responses:create",
+                {
+                    "200": _ok(
+                        "The response object; or, with `stream: true`, its events.",
+                        _ref(PREFIX + "Response"),
+                        (RESPONSE_STREAM, _response_event()),
+                        replayed=True,
+                    )
+                },
+                body=_body(PREFIX + "ResponseCreate", {"default": response, "stream": {**response, "stream": True}}),
+                params=[IDEMPOTENCY_KEY],
+                errors=(*GENERATION_ERRORS, "410"),
+            )
+        },
+        "/v1/responses/{response_id}": {
+            "get": _op(
+                "A stored response.",
+                "responses:read",
+                {"200": _ok("The response.", _ref(PREFIX + "Response"))},
+                params=[response_param],
+                errors=("404", "503"),
+            ),
+            "delete": _op(
+                "Delete a stored response.",
+                "responses:create",
+                {"200": _ok("Deleted.", _ref(PREFIX + "ResponseDeleted"))},
+                params=[response_param],
+                errors=("404", "503"),
+            ),
+        },
+        "/v1/responses/{response_id}/input_items": {
+            "get": _op(
+                "The input items of a stored response, a page at a time.",
+                "responses:read",
+                {"200": _ok("A page of input items.", _ref(PREFIX + "InputItemList"))},
+                params=[
+                    response_param,
+                    {
+                        "name": "order",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"enum": ["asc", "desc"], "default": "desc"},
+                    },
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "integer", "minimum": 1, "maximum": MAX_INPUT_ITEMS_PAGE, "default": 20},
+                    },
+                    {
+                        "name": "after",
+                        "in": "query",
+                        "required": False,
+                        "description": "The last item id of the previous page.",
+                        "schema": STR,
+                    },
+                ],
+                errors=("400", "404", "503"),
+            )
+        },
+    }
+
+
+def _pydantic(model: Any, name: str) -> dict[str, Any]:
+    """`name` and the shapes it uses, from a pydantic model, each under the V1 prefix."""
+    schema = model.model_json_schema(by_alias=True, ref_template=REF + PREFIX + "{model}")
+    defs = schema.pop("$defs", {})
+    return {PREFIX + name: schema, **{PREFIX + k: v for k, v in defs.items()}}
+
+
+def _response_create() -> dict[str, Any]:
+    """LMSP's `ResponseCreate`, as `/v1/responses` takes it: OpenAI's tools, tool choices, items, defaults."""
+    out = _pydantic(ResponseCreate, "ResponseCreate")
+    body = copy.deepcopy(out[PREFIX + "ResponseCreate"])
+    props = body["properties"]
+    props["input"] = {
+        "anyOf": [
+            {"type": "string"},
+            {
+                "type": "array",
+                "items": {"type": "object"},
+                "description": "Message, function_call, function_call_output, reasoning, custom_tool_call and "
+                "custom_tool_call_output items; items of hosted tools (" + ", ".join(sorted(HOSTED_ITEMS)) + ") "
+                "are left out of the context; `item_reference` is refused.",
+            },
+        ]
+    }
+    props["tools"] = _nullable(
+        {
+            "type": "array",
+            "items": _obj({"type": STR}),
+            "description": "`function` tools; `namespace` (a group of functions, offered as "
+            "`<namespace>__<name>`); `custom` with a plain-text format; hosted tools (`web_search`, "
+            "`file_search`, `mcp`, …) are left out and named in `extensions.lmsp_tray.tools_left_out`.",
+        }
+    )
+    props["tool_choice"] = _nullable(
+        {
+            "anyOf": [
+                {"enum": ["auto", "none", "required"]},
+                _obj({"type": STR}),
+            ],
+            "description": "As OpenAI: a mode, a named function or custom tool, or `allowed_tools`; forcing a "
+            "hosted tool is refused.",
+        }
+    )
+    props["store"] = {"type": "boolean", "default": True}
+    props["background"] = {"anyOf": [{"const": False}, {"type": "null"}], "description": "Not supported here."}
+    body["title"] = "V1ResponseCreate"
+    out[PREFIX + "ResponseCreate"] = body
+    return out
+
+
+def schemas() -> dict[str, Any]:
+    """The `/v1` shapes, all named V1…."""
+    usage = _nullable(_obj({"prompt_tokens": INT, "completion_tokens": INT, "total_tokens": INT}))
+    error = _obj({"message": STR, "type": STR, "param": _nullable(STR), "code": _nullable(STR)})
+    common = {"id": STR, "created": INT, "model": STR}
+    chat_choice = _obj(
+        {
+            "index": INT,
+            "message": _obj({"role": {"const": "assistant"}, "content": _nullable(STR)}),
+            "finish_reason": STR,
+        },
+        {"logprobs": _nullable({"type": "object"})},
+    )
+    text_choice = _obj({"text": STR, "index": INT, "finish_reason": STR}, {"logprobs": _nullable({"type": "object"})})
+    text_chunk_choice = _obj(
+        {"text": STR, "index": INT, "finish_reason": _nullable(STR)}, {"logprobs": _nullable({"type": "object"})}
+    )
+    items = {"type": "array", "items": _obj({"type": STR})}
+    return {
+        **_pydantic(ChatCompletionCreate, "ChatCompletionCreate"),
+        **_pydantic(CompletionCreate, "CompletionCreate"),
+        **_pydantic(EmbeddingCreate, "EmbeddingCreate"),
+        **_response_create(),
+        PREFIX + "Error": _obj({"error": error}),
+        PREFIX + "Model": _obj(
+            {"id": STR, "object": {"const": "model"}, "created": INT, "owned_by": STR},
+            {
+                "context_length": _nullable(INT),
+                "capabilities": {
+                    "type": "array",
+                    "items": STR,
+                    "description": "Not OpenAI's: LMSP's capabilities of the model (text, streaming, tools, "
+                    "structured_output, reasoning, or embeddings alone), and `fill_in_the_middle` when "
+                    "/v1/completions can fill in between `prompt` and `suffix`.",
+                },
+            },
+        ),
+        PREFIX + "ModelList": _obj({"object": {"const": "list"}, "data": {"type": "array", "items": _ref("V1Model")}}),
+        PREFIX + "ChatCompletion": _obj(
+            {
+                **common,
+                "object": {"const": "chat.completion"},
+                "choices": {"type": "array", "items": chat_choice},
+                "usage": usage,
+            }
+        ),
+        PREFIX + "ChatCompletionChunk": _obj(
+            {**common, "object": {"const": "chat.completion.chunk"}, "choices": {"type": "array"}},
+            {"usage": usage},
+        ),
+        PREFIX + "TextCompletion": _obj(
+            {
+                **common,
+                "object": {"const": "text_completion"},
+                "choices": {"type": "array", "items": text_choice},
+                "usage": usage,
+            }
+        ),
+        PREFIX + "TextCompletionChunk": _obj(
+            {
+                **common,
+                "object": {"const": "text_completion"},
+                "choices": {"type": "array", "items": text_chunk_choice},
+            },
+            {"usage": usage},
+        ),
+        PREFIX + "EmbeddingList": _obj(
+            {
+                "object": {"const": "list"},
+                "data": {
+                    "type": "array",
+                    "maxItems": MAX_INPUTS,
+                    "items": _obj(
+                        {
+                            "object": {"const": "embedding"},
+                            "index": INT,
+                            "embedding": {
+                                "anyOf": [
+                                    {"type": "array", "items": NUM},
+                                    {"type": "string", "description": "base64 of little-endian float32"},
+                                ]
+                            },
+                        }
+                    ),
+                },
+                "model": STR,
+                "usage": _obj({"prompt_tokens": INT, "total_tokens": INT}),
+            }
+        ),
+        PREFIX + "Response": _obj(
+            {
+                "id": STR,
+                "object": {"const": "response"},
+                "created_at": INT,
+                "status": {"enum": ["in_progress", "completed", "incomplete", "failed", "cancelled"]},
+                "model": STR,
+                "output": items,
+                "error": _nullable(_obj({"code": STR, "message": STR})),
+            },
+            {"usage": _nullable({"type": "object"}), "store": BOOL, "tools": {"type": "array"}},
+        ),
+        PREFIX + "ResponseDeleted": _obj({"id": STR, "object": {"const": "response"}, "deleted": {"const": True}}),
+        PREFIX + "InputItemList": _obj(
+            {
+                "object": {"const": "list"},
+                "data": items,
+                "first_id": _nullable(STR),
+                "last_id": _nullable(STR),
+                "has_more": BOOL,
+            }
+        ),
+    }
