@@ -135,6 +135,7 @@ class Config:
     max_queue: int = 16  # waiting requests per model before 429
     speculative: bool = True  # speculative decoding from prompt lookup (exact; stops where it does not pay)
     prompt_cache_gib: float = 4.0  # disk for saved conversation states (restored after unload/restart); 0: off
+    allocator: str = "auto"  # model processes' malloc: "auto" (jemalloc or tcmalloc where installed) | "system"
     max_loaded_models: int = 3
     memory_budget_fraction: float = 0.75  # of RAM (and VRAM) that loaded models may use
     max_request_bytes: int = 8 * 1024 * 1024
@@ -250,6 +251,10 @@ def _coerce(name: str, value: Any, source: str) -> Any:
     if name == "gpu":
         if not isinstance(value, str) or value not in {"auto", "off"}:
             raise ConfigError(f"{where}: expected 'auto' or 'off'")
+        return value
+    if name == "allocator":
+        if not isinstance(value, str) or value not in {"auto", "system"}:
+            raise ConfigError(f"{where}: expected 'auto' or 'system'")
         return value
     if name in {"default_dirs", "demo_model", "speculative"}:
         if not isinstance(value, bool):

@@ -119,6 +119,7 @@ def load_options(config: Config, runtime: Runtime, paths: Paths | None = None) -
         max_queue=config.max_queue,
         speculative=config.speculative,
         kv_budget_bytes=kv_budget(config),
+        allocator=config.allocator,
     )
 
 

@@ -28,12 +28,12 @@ def test_config_file_values(tmp_path: Path) -> None:
     paths = resolve_paths({"LMSP_TRAY_HOME": str(tmp_path)}).ensure()
     paths.config_file.write_text(
         'port = 9000\nkeep-alive = "10m"\nmodels_dirs = ["~/m"]\ncontext_cap = 4096\n'
-        'gpu = "off"\nallowed_origins = ["http://localhost:3000/"]\n'
+        'gpu = "off"\nallowed_origins = ["http://localhost:3000/"]\nallocator = "system"\n'
     )
     config = load_config(paths)
     assert config.port == 9000 and config.keep_alive == 600 and config.context_cap == 4096
     assert config.models_dirs == [Path("~/m").expanduser()] and config.gpu == "off"
-    assert config.allowed_origins == ["http://localhost:3000"]
+    assert config.allowed_origins == ["http://localhost:3000"] and config.allocator == "system"
 
 
 @pytest.mark.parametrize(
@@ -45,6 +45,7 @@ def test_config_file_values(tmp_path: Path) -> None:
         ({"host": "0.0.0.0"}, "loopback"),
         ({"gpu": "yes"}, "auto"),
         ({"gpu": {}}, "auto"),  # an inline table (unhashable) is refused, not a TypeError
+        ({"allocator": "jemalloc"}, "'auto' or 'system'"),
         ({"host": ["127.0.0.1"]}, "loopback"),
         ({"keep_alive": "soon"}, "duration"),
         ({"memory_budget_fraction": 2}, "(0, 1]"),

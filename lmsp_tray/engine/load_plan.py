@@ -33,6 +33,7 @@ class LoadOptions:
     prompt_cache_dir: str | None = None  # where sequence states are saved at unload/idle (None: not saved)
     prompt_cache_bytes: int = 0  # the folder's budget (least recently used files go first)
     kv_budget_bytes: int | None = None  # memory the KV caches of parallel sequences may take
+    allocator: str = "auto"  # the model process's malloc: "auto" (jemalloc/tcmalloc if installed) | "system"
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lmsp_tray.discovery.entry import ModelEntry
-from lmsp_tray.engine import embedding, wire, worker
+from lmsp_tray.engine import allocator, embedding, wire, worker
 from lmsp_tray.engine.admission import Admission, unloading
 from lmsp_tray.engine.embedding import EmbedCancel, Embeddings
 from lmsp_tray.engine.jobs import ERROR, Finish, GenerationJob, GrammarOn
@@ -117,6 +117,10 @@ class ModelProcess:
         self.exit_error: LMSPError | None = None
         started = time.monotonic()
         env = dict(os.environ, GGML_NO_BACKTRACE="1", PYTHONUNBUFFERED="1")
+        preload = allocator.find(options.allocator)
+        if preload is not None:
+            env.update(preload.environment(env))
+        self.allocator = preload.name if preload is not None else "system"
         try:
             self._proc = subprocess.Popen(
                 list(command or worker.command()),
@@ -161,7 +165,9 @@ class ModelProcess:
         except (KeyError, TypeError, ValueError) as exc:
             self.close()
             raise ModelLoadFailed(f"Could not load '{entry.id}': the model process answered oddly ({exc}).") from None
-        log.info("%s runs in process %d (loaded in %.2fs)", self.id, self.pid, self.load_seconds)
+        log.info(
+            "%s runs in process %d (loaded in %.2fs, %s malloc)", self.id, self.pid, self.load_seconds, self.allocator
+        )
 
     # -- LoadedModel ----------------------------------------------------------------------------
     @property
