@@ -126,6 +126,15 @@ def lmsp_peers(c: httpx.Client, model: Path, threads: int, base: list, questions
     return rows
 
 
+def save_slot(c: httpx.Client, url: str) -> None:
+    """llama-server's slot save, asked again once if the server closed the pooled connection as it
+    was reused (seen 2 times in 6 runs: `Server disconnected without sending a response`)."""
+    try:
+        c.post(url, json={"filename": "conv.bin"}).raise_for_status()
+    except httpx.RemoteProtocolError:
+        c.post(url, json={"filename": "conv.bin"}, headers={"Connection": "close"}).raise_for_status()
+
+
 def llama_server_peers(
     c: httpx.Client, model: Path, threads: int, base: list, questions: list[str]
 ) -> dict[str, float]:
@@ -139,7 +148,7 @@ def llama_server_peers(
             ttft, reply = stream_llama_server(c, ls, first, 32)
             rows["(b) llama-server restarted, same history"] = ttft
             print(f"llama-server cold: {ttft:.2f} s", flush=True)
-            c.post(f"{ls}/slots/0?action=save", json={"filename": "conv.bin"}).raise_for_status()
+            save_slot(c, f"{ls}/slots/0?action=save")
         with llama_server(binary, model, parallel=1, threads=threads, extra=extra) as ls:
             start = time.perf_counter()
             c.post(f"{ls}/slots/0?action=restore", json={"filename": "conv.bin"}).raise_for_status()
