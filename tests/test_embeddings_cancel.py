@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from gguf_factory import write_tiny_bert_gguf
 from support import LiveDaemon, wait_until
+from test_openai_embeddings import live, v1  # noqa: F401 - fixtures, on this module's models_dir
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -37,17 +38,6 @@ def models_dir(tmp_path: Path, bert_gguf: Path) -> Path:
     folder.mkdir()
     (folder / bert_gguf.name).symlink_to(bert_gguf)
     return folder
-
-
-@pytest.fixture
-def live(daemon_factory: Callable[..., LiveDaemon]) -> LiveDaemon:
-    return daemon_factory()
-
-
-@pytest.fixture
-def v1(live: LiveDaemon) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=live.base + "/v1", timeout=120, headers=live.auth_headers) as c:
-        yield c
 
 
 def _post_and_leave(live: LiveDaemon, body: dict, started: Callable[[], bool]) -> None:

@@ -12,6 +12,7 @@ operations refer to live in `openapi_schemas`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from lmsp_tray import __version__
@@ -49,13 +50,22 @@ PROBLEMS = {
 }
 
 
-def _problem(status: str) -> dict[str, Any]:
+def error_headers(status: str) -> dict[str, Any]:
+    """The headers of an error answer, on either surface: `WWW-Authenticate` on 401, `Retry-After` on 429."""
     headers = dict(VERSION_HEADER)
     if status == "401":
         headers.update(AUTH_HEADER)
     if status == "429":
         headers["Retry-After"] = {"required": True, "schema": STR}
-    return {"description": PROBLEMS[status], "headers": headers, "content": {PROBLEM_JSON: {"schema": _ref("Problem")}}}
+    return headers
+
+
+def _problem(status: str) -> dict[str, Any]:
+    return {
+        "description": PROBLEMS[status],
+        "headers": error_headers(status),
+        "content": {PROBLEM_JSON: {"schema": _ref("Problem")}},
+    }
 
 
 def _json(description: str, schema: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -85,8 +95,14 @@ def _op(
     params: list[dict[str, Any]] | None = None,
     problems: tuple[str, ...] = (),
     security: list[dict[str, list[str]]] | None = None,
+    error: Callable[[str], dict[str, Any]] = _problem,
+    tags: list[str] | None = None,
 ) -> dict[str, Any]:
+    """An operation: its scope (None: `security` as given), and an `error` answer (a problem document
+    on /lmsp/v1) for each status in `problems` and those every such operation can give."""
     op: dict[str, Any] = {"summary": summary, "responses": dict(responses)}
+    if tags:
+        op["tags"] = tags
     if scope is None:
         op["security"] = security if security is not None else []
     else:
@@ -97,7 +113,7 @@ def _op(
         op["requestBody"] = body
         problems = (*problems, "400", "413")
     for status in sorted({*problems, "403", "500"}):
-        op["responses"][status] = _problem(status)
+        op["responses"][status] = error(status)
     if params:
         op["parameters"] = params
     return op

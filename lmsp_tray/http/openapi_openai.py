@@ -15,7 +15,15 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from lmsp_tray.http.openapi import AUTH_HEADER, IDEMPOTENCY_KEY, PROBLEMS, REPLAYED_HEADER, VERSION_HEADER, _path_param
+from lmsp_tray.http.openapi import (
+    IDEMPOTENCY_KEY,
+    PROBLEMS,
+    REPLAYED_HEADER,
+    VERSION_HEADER,
+    _path_param,
+    error_headers,
+)
+from lmsp_tray.http.openapi import _op as operation
 from lmsp_tray.http.openapi_parts import BOOL, INT, NUM, REF, STR
 from lmsp_tray.http.openapi_parts import nullable as _nullable
 from lmsp_tray.http.openapi_parts import obj as _obj
@@ -31,18 +39,14 @@ from lmsp_tray.protocol.requests import ResponseCreate
 PREFIX = "V1"  # every /v1 schema is named V1…, apart from LMSP's (both have a `RefusalPart`, a `Model`…)
 JSON = "application/json"
 SSE = "text/event-stream"
+TAG = "OpenAI-compatible /v1"
 
 
 def _error(status: str) -> dict[str, Any]:
-    headers = dict(VERSION_HEADER)
-    if status == "401":
-        headers.update(AUTH_HEADER)
-    if status == "429":
-        headers["Retry-After"] = {"required": True, "schema": STR}
     return {
         "description": f"{PROBLEMS[status]} OpenAI's error object: the code is `error.code`, "
         f"`error.type` is `{error_type(int(status))}`.",
-        "headers": headers,
+        "headers": error_headers(status),
         "content": {JSON: {"schema": _ref(PREFIX + "Error")}},
     }
 
@@ -57,21 +61,7 @@ def _op(
     errors: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """An operation of `/v1`: bearer token with `scope`; its errors in OpenAI's shape."""
-    op: dict[str, Any] = {
-        "summary": summary,
-        "tags": ["OpenAI-compatible /v1"],
-        "security": [{"bearer": [scope]}],
-        "x-lmsp-scope": scope,
-        "responses": dict(responses),
-    }
-    if body is not None:
-        op["requestBody"] = body
-        errors = (*errors, "400", "413")
-    for status in sorted({*errors, "401", "403", "500"}):
-        op["responses"][status] = _error(status)
-    if params:
-        op["parameters"] = params
-    return op
+    return operation(summary, scope, responses, body=body, params=params, problems=errors, error=_error, tags=[TAG])
 
 
 def _json_data(schema: dict[str, Any]) -> dict[str, Any]:

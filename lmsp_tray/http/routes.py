@@ -10,7 +10,6 @@ run and answers it (replay, event stream or finished object) for `/lmsp/v1` and,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -22,7 +21,7 @@ from lmsp_tray.errors import PayloadTooLarge
 from lmsp_tray.http import wire_json
 from lmsp_tray.http.api import PUBLIC, Scoped
 from lmsp_tray.http.security import KEYLESS, keyless_of, token_of
-from lmsp_tray.http.sse import EventStream, encode_event, wait_disconnect
+from lmsp_tray.http.sse import EventStream, encode_event, unless_client_leaves
 from lmsp_tray.protocol import strict_json
 from lmsp_tray.protocol.events import Event
 from lmsp_tray.protocol.requests import ResponseRequest, parse_response_create
@@ -162,17 +161,7 @@ async def answer_run(request: Request, parsed: ResponseRequest, answer: Answer) 
         return JSON(body, status_code=run.status, headers=REPLAYED)
     if parsed.stream:
         return stream(answer.live(run.events()), on_disconnect=run.cancel)
-    result = asyncio.ensure_future(run.result())
-    gone = asyncio.ensure_future(wait_disconnect(request.receive))
-    try:
-        await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if not result.done():
-            run.cancel()  # client left: stop generating now
-        return JSON(answer.final(await result))
-    finally:
-        gone.cancel()
-        with contextlib.suppress(BaseException):
-            await gone
+    return JSON(answer.final(await unless_client_leaves(request.receive, run.result(), run.cancel)))
 
 
 async def service_document(request: Request) -> Response:

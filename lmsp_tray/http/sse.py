@@ -26,8 +26,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 from lmsp_tray.errors import InternalError
 from lmsp_tray.http import wire_json
@@ -144,3 +144,22 @@ async def _wait_disconnect(receive: Any) -> None:
 async def wait_disconnect(receive: Any) -> None:
     """Resolves when the client disconnects (the request body must already have been read)."""
     await _wait_disconnect(receive)
+
+
+T = TypeVar("T")
+
+
+async def unless_client_leaves(receive: Any, work: Awaitable[T], on_leave: Callable[[], None]) -> T:
+    """Await `work` (a non-streamed answer); if the client disconnects first, call `on_leave` (stop
+    the work now) and still await `work`, which then ends as its stop says."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(wait_disconnect(receive))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            on_leave()
+        return await task
+    finally:
+        gone.cancel()
+        with contextlib.suppress(BaseException):
+            await gone

@@ -13,7 +13,6 @@ its batch and its place in the queue is free for the next request.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -21,7 +20,7 @@ from starlette.responses import Response
 from lmsp_tray.engine.embedding import EmbedCancel, Embeddings
 from lmsp_tray.http.api import Scoped
 from lmsp_tray.http.routes import JSON, decode_json, off_loop, read_body
-from lmsp_tray.http.sse import wait_disconnect
+from lmsp_tray.http.sse import unless_client_leaves
 from lmsp_tray.http.wire_json import dumpb
 from lmsp_tray.protocol.embeddings import parse_embedding_create
 from lmsp_tray.serving.embeddings import embed, openai_list
@@ -42,18 +41,11 @@ async def create_embeddings(request: Request) -> Response:
     parsed = await off_loop(lambda raw: parse_embedding_create(decode_json(raw)), await read_body(request))
     cancel = EmbedCancel()
     work = asyncio.ensure_future(embed(_service(request), parsed, cancel=cancel))
-    gone = asyncio.ensure_future(wait_disconnect(request.receive))
-    try:
-        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if not work.done():
-            cancel.cancel()  # the client left: stop embedding the rest of its inputs now
-        model_id, result = await work
+    try:  # the client left: stop embedding the rest of its inputs now
+        model_id, result = await unless_client_leaves(request.receive, work, cancel.cancel)
     finally:
         if not work.done():  # this handler itself was cancelled (the server stops)
             cancel.cancel()
-        gone.cancel()
-        with contextlib.suppress(BaseException):
-            await gone
     if len(result.vectors) <= INLINE_ANSWER_ROWS:
         return JSON(openai_list(model_id, result, parsed.encoding_format))
     body = await asyncio.to_thread(_answer, model_id, result, parsed.encoding_format)
