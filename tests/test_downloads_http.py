@@ -8,6 +8,7 @@ mid-file, deterministically.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from pathlib import Path
 
@@ -62,6 +63,26 @@ def read_events(c: httpx.Client, task_id: str, after: int | None = None, stop_af
 
 def model_ids(c: httpx.Client) -> set[str]:
     return {m["id"] for m in c.get("/models").json()["data"]}
+
+
+def test_the_last_progress_event_reaches_the_total_when_the_store_is_slow(
+    live: LiveDaemon, c: httpx.Client, hub: FakeHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The transfer's final progress can arrive while an earlier one is still being written, as the
+    transfer ends: it is still sent (it was dropped, and the bar stopped short of 100%)."""
+    db = live.daemon.downloads.db
+    write = db.awrite
+
+    async def slow_write(fn, /, *args, **kwargs):  # a busy disk under the task store
+        await asyncio.sleep(0.25)
+        return await write(fn, *args, **kwargs)
+
+    monkeypatch.setattr(db, "awrite", slow_write)
+    task = c.post("/models/pull", json={"model": f"hf.co/{TINY}"}).json()
+    evs = read_events(c, task["id"])
+    progress = [e.data for e in evs if e.event == "model.download.progress"]
+    assert evs[-1].event == "model.download.completed"
+    assert progress and progress[-1]["bytes_done"] == task["download"]["total_bytes"], progress
 
 
 def test_pull_is_a_task_whose_events_end_with_the_model_listed(c: httpx.Client, hub: FakeHub, hf_env: Path) -> None:

@@ -327,6 +327,8 @@ class DownloadTasks:
             elif not worker.done():
                 await asyncio.sleep(min(self.progress_every - (now - last_at), self.progress_every))
                 changed.set()  # look again: send the newest progress now that it is time
+        if latest and latest[-1] is not last_sent:  # the transfer's last word came as it ended
+            await self._progress(run, latest[-1])
         try:
             result: PullResult = worker.result()
         except DownloadCancelled as exc:
