@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import queue
 import shutil
+import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +28,7 @@ from lmsp_tray.engine.jobs import LENGTH, Finish, GenerationJob
 from lmsp_tray.engine.load_plan import LoadOptions, plan_load
 from lmsp_tray.engine.model import LlamaModel
 from lmsp_tray.engine.process import ModelProcess
-from lmsp_tray.engine.prompt_cache import SUFFIX, PromptCache, model_folder
+from lmsp_tray.engine.prompt_cache import SUFFIX, PromptCache, WindowCheckpoint, model_folder
 from lmsp_tray.engine.runtime import Runtime
 from lmsp_tray.engine.sampling import SamplingParams
 
@@ -241,6 +242,39 @@ def test_the_disk_budget_evicts_the_least_recently_used(tmp_path: Path, tiny: Pa
     assert saved_a.path.exists() and not saved_b.path.exists()
     assert [len(s.tokens) for s in cache.entries] == [300, 300]
     assert PromptCache(tmp_path, tiny, key, budget_bytes=1 << 20).best(b)[1] == 0  # gone from disk too
+
+
+def test_window_checkpoints_are_saved_with_a_state_and_come_back_with_it(tmp_path: Path, tiny: Path) -> None:
+    key = b"k" * 32
+    state, first, second = os.urandom(50_000), os.urandom(7_000), os.urandom(9_000)
+    cache = PromptCache(tmp_path, tiny, key, budget_bytes=1 << 30)
+    checkpoints = [WindowCheckpoint(0, 259, first), WindowCheckpoint(40, 299, memoryview(second))]
+    cache.save([3] * 310, state, checkpoints)
+    cache.close()
+    again = PromptCache(tmp_path, tiny, key, budget_bytes=1 << 30)  # indexed from the file alone
+    [saved] = again.entries
+    assert saved.tokens == (3,) * 310 and saved.checkpoints == (259, 299)
+    loaded = again.load(saved, windows=2)
+    assert loaded is not None and bytes(loaded.state) == state
+    assert [(c.pos_min, c.pos_max, bytes(c.data)) for c in loaded.checkpoints] == [(0, 259, first), (40, 299, second)]
+    newest = again.load(saved, windows=1)  # the next turn goes on from the end: the newest is kept on
+    assert newest is not None and [(c.pos_max, bytes(c.data)) for c in newest.checkpoints] == [(299, second)]
+    assert (plain := again.load(saved)) is not None and plain.checkpoints == []
+    path = saved_files(tmp_path)[0]
+    with path.open("r+b") as fh:  # cut inside the last checkpoint
+        fh.truncate(path.stat().st_size - 3_000)
+    assert PromptCache(tmp_path, tiny, key, budget_bytes=1 << 30).entries == []
+    assert not path.exists()
+
+
+def test_a_file_of_the_first_format_is_refused_and_removed(tmp_path: Path, tiny: Path, caplog) -> None:
+    """Version 1 files (no window checkpoints) are not read as version 2: removed, logged, evaluated anew."""
+    folder = model_folder(tmp_path, tiny)
+    folder.mkdir(parents=True)
+    old = folder / f"{'0' * 32}{SUFFIX}"
+    old.write_bytes(struct.pack("<8sI32sIQ", b"LMSPKV\x00\x01", 1, b"k" * 32, 0, 0) + b"\x00" * 4)
+    assert PromptCache(tmp_path, tiny, b"k" * 32, budget_bytes=1 << 30).entries == []
+    assert not old.exists() and "format version 1" in caplog.text
 
 
 def test_a_state_is_written_only_while_no_request_runs(tmp_path: Path, tiny: Path) -> None:

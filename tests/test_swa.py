@@ -203,3 +203,53 @@ def test_a_saved_state_is_not_restored_for_a_prompt_that_leaves_it_early(
     finally:
         again.close()
     assert_same(got, alone(fresh, early))
+
+
+def test_regenerating_or_editing_after_a_restart_goes_back_to_a_saved_checkpoint(
+    gemma_gguf: Path, fresh: LlamaModel, tmp_path: Path
+) -> None:
+    """The window checkpoints are saved with the state: after a restart, regenerating the last reply
+    (the state's window ends past where the prompt does) and then editing the last message go back to
+    the checkpoint at the end of the turn before, instead of evaluating ~1,600 tokens again."""
+    first = load(gemma_gguf, tmp_path)
+    earlier = first.tokenize(f"<start_of_turn>user\n{text(7, 40)}<end_of_turn>\n<start_of_turn>model\n")
+    reply = b"".join(piece for piece, _ in answer(first, earlier, 8)).decode()
+    last = earlier + first.tokenize(
+        f"{reply}<end_of_turn>\n<start_of_turn>user\n{text(8, 40)}<end_of_turn>\n<start_of_turn>model\n",
+        add_special=False,
+    )
+    edited = last[: len(earlier) + 8] + first.tokenize(
+        " Only the tide?<end_of_turn>\n<start_of_turn>model\n", add_special=False
+    )
+    answer(first, last, 8)
+    first.close()  # saves the sequence with its checkpoints: the ends of both prompts
+    for prompt in (last, edited):  # regenerate the last reply, then edit the last message
+        again = load(gemma_gguf, tmp_path)
+        try:
+            assert again.prompt_cache is not None
+            assert {s.checkpoints for s in again.prompt_cache.entries} == {(len(earlier) - 1, len(last) - 1)}
+            got, finish = run(again, prompt, 12)
+            windows = again.scheduler.windows if again.scheduler else None
+            assert windows is not None and (windows.restored, windows.reset) == (1, 0)
+            assert finish.cached_tokens == len(earlier)  # the state, then the checkpoint at the earlier end
+        finally:
+            again.close()  # saves again: the next prompt finds the same two checkpoints
+        assert_same(got, alone(fresh, prompt, 12))
+    # The next turn after a restart goes on from the state's end; the newest checkpoint goes on with it.
+    again = load(gemma_gguf, tmp_path)
+    try:
+        assert again.prompt_cache is not None
+        kept = next(s.tokens for s in again.prompt_cache.entries if s.tokens[: len(last)] == tuple(last))
+        follow = [*kept, *again.tokenize("<end_of_turn>\n<start_of_turn>user\nThanks.", add_special=False)]
+        _, finish = run(again, follow, 4)
+        assert finish.cached_tokens == len(kept)
+        assert again.prompt_cache.restores == 1 and again.scheduler and again.scheduler.windows
+        assert again.scheduler.windows.restored == 0  # no checkpoint was needed, the newest one came along
+    finally:
+        again.close()
+    final = load(gemma_gguf, tmp_path)
+    try:
+        assert final.prompt_cache is not None
+        assert (len(last) - 1, len(follow) - 1) in {s.checkpoints for s in final.prompt_cache.entries}
+    finally:
+        final.close()

@@ -2,8 +2,9 @@
 
 The two llama.cpp calls the prompt cache (`prompt_cache`) needs, on the thread
 that owns the context: `copy_out` is a memory copy (23.6 MiB for a 5,400-token
-conversation on Gemma 3 270M), `restore` loads a checked file's state into a sequence and
-removes the file when llama.cpp will not take it.
+conversation on Gemma 3 270M), `restore` loads a checked file's state into a sequence (and hands back the
+window checkpoints saved with it) and removes the file when llama.cpp will not
+take it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 
 import llama_cpp
 
-from lmsp_tray.engine.prompt_cache import PromptCache, Saved
+from lmsp_tray.engine.prompt_cache import PromptCache, Saved, WindowCheckpoint
 
 log = logging.getLogger("lmsp_tray.engine")
 
@@ -29,18 +30,24 @@ def copy_out(ctx: llama_cpp.llama_context_p, seq_id: int) -> memoryview | None:
 
 
 def restore(
-    ctx: llama_cpp.llama_context_p, memory: llama_cpp.llama_memory_t, seq_id: int, cache: PromptCache, saved: Saved
-) -> bool:
-    """Replace sequence `seq_id`'s KV with the state of `saved`; False (the sequence left empty) when
-    the file fails its checks or llama.cpp refuses it."""
+    ctx: llama_cpp.llama_context_p,
+    memory: llama_cpp.llama_memory_t,
+    seq_id: int,
+    cache: PromptCache,
+    saved: Saved,
+    *,
+    windows: int = 0,
+) -> list[WindowCheckpoint] | None:
+    """Replace sequence `seq_id`'s KV with the state of `saved`, and give back the newest `windows`
+    window checkpoints saved with it; None (the sequence left empty) when the file fails its checks
+    or llama.cpp refuses it."""
     llama_cpp.llama_memory_seq_rm(memory, seq_id, -1, -1)
-    loaded = cache.load(saved)
+    loaded = cache.load(saved, windows=windows)
     if loaded is None:
-        return False
-    data, start, size = loaded
-    state = (ctypes.c_uint8 * size).from_buffer(data, start)
-    if llama_cpp.llama_state_seq_set_data(ctx, state, size, seq_id) == 0:
+        return None
+    state = (ctypes.c_uint8 * len(loaded.state)).from_buffer(loaded.state)
+    if llama_cpp.llama_state_seq_set_data(ctx, state, len(loaded.state), seq_id) == 0:
         llama_cpp.llama_memory_seq_rm(memory, seq_id, -1, -1)
         cache.refuse(saved, "llama.cpp would not load it")
-        return False
-    return True
+        return None
+    return loaded.checkpoints

@@ -11,7 +11,17 @@ One file per saved sequence, in a folder per model file (named by a hash of
 its path), named by a hash of its tokens:
 
     magic "LMSPKV" 0 1 | version u32 | key (32 bytes) | tokens u32 | state bytes u64
-    | tokens (int32 each) | state | CRC-32 of everything before (u32)
+    | checkpoints u32 | tokens (int32 each) | per checkpoint: first and last position
+    (int32 each), bytes u64, CRC-32 of its bytes (u32) | state | CRC-32 of everything
+    before (u32) | each checkpoint's bytes
+
+A sliding-window model's state holds only the window's last cells, so it can go
+on only from its end; the sequence's window checkpoints (`swa`) travel with it,
+so that regenerating the last reply or editing the last message after an unload
+or a restart goes back to a checkpoint instead of evaluating the whole
+conversation again. They come last, with checksums of their own, so the usual
+restore (the next turn, which goes on from the end) reads only the newest one
+besides the state (the sequence keeps it: the next save carries it on).
 
 The key is a hash of the model file's identity (path, size, modification
 time) and of everything that shapes the KV cache (context per sequence, KV
@@ -44,7 +54,7 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -52,9 +62,10 @@ from typing import BinaryIO
 log = logging.getLogger("lmsp_tray.engine.prompt_cache")
 
 MAGIC = b"LMSPKV\x00\x01"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: window checkpoints (version 1 files are refused and removed)
 SUFFIX = ".kvstate"
-_HEAD = struct.Struct("<8sI32sIQ")
+_HEAD = struct.Struct("<8sI32sIQI")
+_CHECKPOINT = struct.Struct("<iiQI")
 _SUM = 4  # a CRC-32: catches a flipped byte or a torn write, and checks 100 MB in a few dozen ms
 _CRC = struct.Struct("<I")
 MIN_TOKENS = 256  # shorter sequences are cheap to evaluate again: not worth a file
@@ -92,19 +103,40 @@ class CorruptState(ValueError):
     """A saved state that must not be loaded."""
 
 
+State = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True)
+class WindowCheckpoint:
+    """A sliding-window checkpoint as saved: the positions its cells hold and its bytes (llama.cpp's
+    partial sequence state). Read back, `data` is a view into the loaded file."""
+
+    pos_min: int
+    pos_max: int
+    data: State
+
+
 @dataclass(frozen=True)
 class Saved:
     path: Path
     tokens: tuple[int, ...]
+    checkpoints: tuple[int, ...] = ()  # the last position of each saved window checkpoint
 
 
-State = bytes | bytearray | memoryview
+@dataclass
+class Loaded:
+    """A saved file read and checked: its sequence state and the window checkpoints asked for."""
+
+    state: memoryview
+    checkpoints: list[WindowCheckpoint]
 
 
-def _pack(key: bytes, tokens: Sequence[int], state: State) -> list[State]:
-    """The file's parts before its checksum (which `_write` adds as it writes them)."""
-    head = _HEAD.pack(MAGIC, FORMAT_VERSION, key, len(tokens), len(state))
-    return [head, struct.pack(f"<{len(tokens)}i", *tokens), state]
+def _pack(key: bytes, tokens: Sequence[int], state: State, checkpoints: Sequence[WindowCheckpoint]) -> list[State]:
+    """The file's parts before the state's checksum (which `_write` adds as it writes them, and then
+    the checkpoints' bytes)."""
+    head = _HEAD.pack(MAGIC, FORMAT_VERSION, key, len(tokens), len(state), len(checkpoints))
+    table = b"".join(_CHECKPOINT.pack(c.pos_min, c.pos_max, len(c.data), zlib.crc32(c.data)) for c in checkpoints)
+    return [head, struct.pack(f"<{len(tokens)}i", *tokens), table, state]
 
 
 def _slices(parts: Sequence[State]) -> Iterator[memoryview]:
@@ -121,20 +153,39 @@ def _lower_priority() -> None:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
 
 
-def _read_head(fh: BinaryIO, key: bytes, size: int) -> tuple[int, int]:
+@dataclass(frozen=True)
+class _Layout:
+    """Where a file's parts are, from its header, token list and checkpoint table."""
+
+    tokens: tuple[int, ...]
+    state_at: int
+    state_size: int
+    checkpoints: tuple[tuple[int, int, int, int], ...]  # (first position, last position, bytes, CRC-32) each
+
+    @property
+    def state_end(self) -> int:
+        return self.state_at + self.state_size
+
+
+def _read_layout(fh: BinaryIO, key: bytes, size: int) -> _Layout:
     raw = fh.read(_HEAD.size)
     if len(raw) < _HEAD.size:
         raise CorruptState("truncated header")
-    magic, version, file_key, n_tokens, n_state = _HEAD.unpack(raw)
+    magic, version, file_key, n_tokens, n_state, n_checkpoints = _HEAD.unpack(raw)
     if magic != MAGIC:
         raise CorruptState("not a saved state")
     if version != FORMAT_VERSION:
         raise CorruptState(f"format version {version}")
     if file_key != key:
         raise CorruptState("saved for another model file or other settings")
-    if size != _HEAD.size + 4 * n_tokens + n_state + _SUM:
+    state_at = _HEAD.size + 4 * n_tokens + _CHECKPOINT.size * n_checkpoints
+    if size < state_at + n_state + _SUM:
         raise CorruptState("truncated or padded")
-    return n_tokens, n_state
+    tokens = struct.unpack(f"<{n_tokens}i", fh.read(4 * n_tokens))
+    table = tuple(_CHECKPOINT.iter_unpack(fh.read(_CHECKPOINT.size * n_checkpoints)))
+    if size != state_at + n_state + _SUM + sum(c[2] for c in table):
+        raise CorruptState("truncated or padded")
+    return _Layout(tokens, state_at, n_state, table)
 
 
 class PromptCache:
@@ -147,7 +198,7 @@ class PromptCache:
         self.budget = budget_bytes
         self._lock = threading.Lock()
         self._entries: dict[Path, Saved] = {}
-        self._queue: queue.Queue[tuple[tuple[int, ...], State] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[tuple[int, ...], State, tuple[WindowCheckpoint, ...]] | None] = queue.Queue()
         self._writer: threading.Thread | None = None
         self.quiet = threading.Event()  # set while no request runs: the writer may write
         self.quiet.set()
@@ -161,16 +212,14 @@ class PromptCache:
         for path in sorted(self.folder.glob(f"*{SUFFIX}")):
             try:
                 with path.open("rb") as fh:
-                    n_tokens, _ = _read_head(fh, self.key, os.fstat(fh.fileno()).st_size)
-                    raw = fh.read(4 * n_tokens)
-                tokens = struct.unpack(f"<{n_tokens}i", raw)
+                    layout = _read_layout(fh, self.key, os.fstat(fh.fileno()).st_size)
             except (CorruptState, struct.error) as exc:
                 self._refuse(path, str(exc))
                 continue
             except OSError as exc:
                 log.warning("prompt cache: cannot read %s (%s)", path, exc)
                 continue
-            self._entries[path] = Saved(path, tokens)
+            self._entries[path] = Saved(path, layout.tokens, tuple(c[1] for c in layout.checkpoints))
         for stale in self.folder.glob(f"*{SUFFIX}.tmp"):  # a write cut short
             stale.unlink(missing_ok=True)
 
@@ -186,12 +235,15 @@ class PromptCache:
         with self._lock:
             return list(self._entries.values())
 
-    def best(self, prompt: Sequence[int]) -> tuple[Saved | None, int]:
-        """The saved state sharing the longest prefix with `prompt`, and that prefix's length."""
+    def best(
+        self, prompt: Sequence[int], usable: Callable[[Saved, int], int] = lambda _saved, n: n
+    ) -> tuple[Saved | None, int]:
+        """The saved state that lets the most of `prompt` go unevaluated, and how much: `usable(saved,
+        shared)` says how much of the `shared` prefix a state can serve (the whole, by default)."""
         best: Saved | None = None
         length = 0
         for saved in self.entries:
-            n = common_prefix(saved.tokens, prompt)
+            n = usable(saved, common_prefix(saved.tokens, prompt))
             if n > length:
                 best, length = saved, n
         return best, length
@@ -202,16 +254,27 @@ class PromptCache:
         return any(len(s.tokens) >= n and common_prefix(s.tokens, tokens) == n for s in self.entries)
 
     # -- restore --------------------------------------------------------------------------------
-    def load(self, saved: Saved) -> tuple[bytearray, int, int] | None:
-        """The file of `saved`, checked, with where its state starts and its size; None (and the file
-        removed) when it fails a check."""
+    def load(self, saved: Saved, *, windows: int = 0) -> Loaded | None:
+        """The file of `saved`, checked: its state (a view into the bytes read) and its newest `windows`
+        window checkpoints (each read into its own buffer); None (and the file removed) when it fails a
+        check."""
         try:
             with saved.path.open("rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
-                n_tokens, n_state = _read_head(fh, self.key, size)
+                layout = _read_layout(fh, self.key, size)
                 fh.seek(0)
-                data = bytearray(size)
-                got = fh.readinto(data)
+                data = bytearray(layout.state_end + _SUM)
+                complete = fh.readinto(data) == len(data)
+                checkpoints = []
+                at = len(data)
+                for i, (pos_min, pos_max, n, crc) in enumerate(layout.checkpoints):
+                    if i >= len(layout.checkpoints) - windows:
+                        fh.seek(at)
+                        buf = bytearray(n)
+                        if fh.readinto(buf) != n or zlib.crc32(buf) != crc:
+                            complete = False
+                        checkpoints.append(WindowCheckpoint(pos_min, pos_max, buf))
+                    at += n
         except CorruptState as exc:
             self._refuse(saved.path, str(exc))
             return None
@@ -221,32 +284,32 @@ class PromptCache:
                 self._entries.pop(saved.path, None)
             return None
         view = memoryview(data)
-        body_end = size - _SUM
-        if got != size or zlib.crc32(view[:body_end]) != _CRC.unpack_from(data, body_end)[0]:
+        end = layout.state_end
+        if not complete or zlib.crc32(view[:end]) != _CRC.unpack_from(data, end)[0]:
             self._refuse(saved.path, "checksum mismatch")
             return None
-        start = _HEAD.size + 4 * n_tokens
-        if struct.unpack_from(f"<{n_tokens}i", data, _HEAD.size) != saved.tokens:
+        if layout.tokens != saved.tokens:
             self._refuse(saved.path, "its tokens changed since it was indexed")
             return None
         now = time.time()
         os.utime(saved.path, (now, now))  # least recently used goes first
         self.restores += 1
-        return data, start, n_state
+        return Loaded(view[layout.state_at : end], checkpoints)
 
     def refuse(self, saved: Saved, why: str) -> None:
         """Remove a state llama.cpp would not take back."""
         self._refuse(saved.path, why)
 
     # -- save -----------------------------------------------------------------------------------
-    def save(self, tokens: Sequence[int], state: State) -> None:
-        """Write a sequence's state in the background (a state already saved is not written again)."""
+    def save(self, tokens: Sequence[int], state: State, checkpoints: Sequence[WindowCheckpoint] = ()) -> None:
+        """Write a sequence's state (and its window checkpoints) in the background; a state already
+        saved is not written again."""
         if self.budget <= 0 or len(tokens) < MIN_TOKENS or self.holds(tokens):
             return
         if self._writer is None:
             self._writer = threading.Thread(target=self._write_loop, name="lmsp-prompt-cache", daemon=True)
             self._writer.start()
-        self._queue.put((tuple(tokens), state))
+        self._queue.put((tuple(tokens), state, tuple(checkpoints)))
 
     def close(self, timeout: float | None = None) -> None:
         """Finish the writes queued so far (the model is done: no request will run)."""
@@ -267,11 +330,11 @@ class PromptCache:
             except Exception:
                 log.exception("prompt cache: could not save a state")
 
-    def _write(self, tokens: tuple[int, ...], state: State) -> None:
+    def _write(self, tokens: tuple[int, ...], state: State, checkpoints: tuple[WindowCheckpoint, ...]) -> None:
         name = hashlib.blake2b(struct.pack(f"<{len(tokens)}i", *tokens), digest_size=16).hexdigest()
         path = self.folder / f"{name}{SUFFIX}"
-        parts = _pack(self.key, tokens, state)
-        if sum(map(len, parts)) + _SUM > self.budget:
+        parts = _pack(self.key, tokens, state, checkpoints)
+        if sum(map(len, parts)) + _SUM + sum(len(c.data) for c in checkpoints) > self.budget:
             return
         self.folder.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
@@ -282,6 +345,9 @@ class PromptCache:
                 crc = zlib.crc32(piece, crc)
                 fh.write(piece)
             fh.write(_CRC.pack(crc))
+            for piece in _slices([c.data for c in checkpoints]):
+                self.quiet.wait()
+                fh.write(piece)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -291,7 +357,7 @@ class PromptCache:
             ]
             for old in superseded:
                 self._entries.pop(old.path, None)
-            self._entries[path] = Saved(path, tokens)
+            self._entries[path] = Saved(path, tokens, tuple(c.pos_max for c in checkpoints))
         for old in superseded:  # a longer state of the same conversation holds all it held
             old.path.unlink(missing_ok=True)
         self.saves += 1

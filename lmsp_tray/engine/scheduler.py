@@ -47,7 +47,7 @@ from lmsp_tray.engine.jobs import (
     GrammarTrigger,
     TokenLogprob,
 )
-from lmsp_tray.engine.prompt_cache import MIN_TOKENS, PromptCache, common_prefix
+from lmsp_tray.engine.prompt_cache import MIN_TOKENS, PromptCache, Saved, common_prefix
 from lmsp_tray.engine.sampling import GrammarError, Sampler, SamplingParams
 from lmsp_tray.engine.speculation import LONG_DRAFT, Drafter, DrafterFactory, Drafting, PromptLookup
 from lmsp_tray.engine.swa import Windows
@@ -327,18 +327,26 @@ class Scheduler:
         """Load a saved state into the slot when it covers much more of `prompt` than the slot holds."""
         cache = self.prompt_cache
         assert cache is not None
-        saved, length = cache.best(prompt)
-        keep = min(length, len(prompt) - 1)
+        windows = self.windows
+
+        def usable(saved: Saved, shared: int) -> int:
+            keep = min(shared, len(prompt) - 1)
+            return keep if windows is None else windows.saved_serves(len(saved.tokens), saved.checkpoints, keep)
+
+        saved, keep = cache.best(prompt, usable)
         if saved is None or keep < common_prefix(slot.cache, prompt) + RESTORE_GAIN:
             return
-        if self.windows is not None and not self.windows.saved_reaches(len(saved.tokens), keep):
-            return  # its window cells end where it ends: it cannot go on from further back
         slot.cache.clear()
-        if self.windows is not None:
-            self.windows.drop(slot.seq_id)
-        if kv_states.restore(self._model.ctx, self._model.memory, slot.seq_id, cache, saved):
+        if windows is not None:
+            windows.drop(slot.seq_id)
+        back = keep < len(saved.tokens) - 1  # needs a checkpoint; else the newest goes on with the sequence
+        wanted = 0 if windows is None else len(saved.checkpoints) if back else 1
+        checkpoints = kv_states.restore(self._model.ctx, self._model.memory, slot.seq_id, cache, saved, windows=wanted)
+        if checkpoints is not None:
             slot.cache = list(saved.tokens)
             slot.saved = True
+            if windows is not None:
+                windows.adopt(slot.seq_id, checkpoints)
             log.info("%s: restored %d tokens from the prompt cache", self._model.id, len(saved.tokens))
 
     def save_states(self) -> None:
@@ -354,7 +362,7 @@ class Scheduler:
             if len(slot.cache) >= MIN_TOKENS and not cache.holds(slot.cache):
                 state = kv_states.copy_out(self._model.ctx, slot.seq_id)
                 if state is not None:
-                    cache.save(slot.cache, state)
+                    cache.save(slot.cache, state, self.windows.saved(slot.seq_id) if self.windows else ())
 
     def _new_sampler(self, slot: _Slot, sampling: SamplingParams) -> Sampler | None:
         """A sampler for the slot's request; None (and the request ended) if its grammar won't compile."""

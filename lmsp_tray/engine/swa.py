@@ -14,16 +14,20 @@ going back further (regenerating a long reply, editing the last message) needs a
 **checkpoint**: a copy of the window layers' cells (llama.cpp's partial sequence
 state, ~16 MiB on Gemma 3 270M) taken when a prompt has been evaluated. A sequence
 keeps its last `CHECKPOINTS`; with none that fits, the prompt is evaluated again from
-the start. The same rule, and the same kind of checkpoints, as llama-server's.
+the start. The same rule, and the same kind of checkpoints, as llama-server's. They
+are saved with the sequence's state in the prompt cache, and come back with it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import llama_cpp
+
+from lmsp_tray.engine.prompt_cache import WindowCheckpoint
 
 log = logging.getLogger("lmsp_tray.engine")
 
@@ -90,6 +94,31 @@ class Windows:
         self.taken += 1
         self.checkpoints[seq_id].append(Checkpoint(pos_min, pos_max, data, self.taken))
 
+    def saved(self, seq_id: int) -> list[WindowCheckpoint]:
+        """The sequence's checkpoints as the prompt cache saves them beside its state."""
+        return [
+            WindowCheckpoint(c.pos_min, c.pos_max, memoryview(c.data).cast("B"))
+            for c in self.checkpoints.get(seq_id, ())
+        ]
+
+    def adopt(self, seq_id: int, saved: list[WindowCheckpoint]) -> None:
+        """Make checkpoints restored from the prompt cache the sequence's own (within the byte budget,
+        the newest kept)."""
+        self.drop(seq_id)
+        keep = sorted(saved, key=lambda c: c.pos_max)[-CHECKPOINTS:]
+        size = sum(len(c.data) for c in keep)
+        if not keep or size > self.budget_bytes:
+            return
+        self._fit(self.budget_bytes - size)
+        for c in keep:
+            self.taken += 1
+            n = len(c.data)
+            if isinstance(c.data, bytearray):  # read for it alone: its buffer becomes the checkpoint's
+                data = (ctypes.c_uint8 * n).from_buffer(c.data)
+            else:
+                data = (ctypes.c_uint8 * n).from_buffer_copy(c.data)
+            self.checkpoints.setdefault(seq_id, []).append(Checkpoint(c.pos_min, c.pos_max, data, self.taken))
+
     def _fit(self, room: int) -> None:
         """Drop the oldest checkpoints of any sequence until the rest take at most `room` bytes."""
         every = sorted((c.taken, seq, c) for seq, cs in self.checkpoints.items() for c in cs)
@@ -108,10 +137,14 @@ class Windows:
         else:
             self.checkpoints.pop(seq_id, None)
 
-    def saved_reaches(self, length: int, keep: int) -> bool:
-        """Can a state saved with `length` positions go on from `keep`? llama.cpp saves only the live
-        window cells (the last `n_swa` positions), so only from its end, or one before."""
-        return self._reaches(max(0, length - self.n_swa), keep)
+    def saved_serves(self, length: int, checkpoints: Sequence[int], keep: int) -> int:
+        """How much of its first `keep` positions a state saved with `length` positions, and window
+        checkpoints ending at `checkpoints`, can serve. llama.cpp saves only the live window cells (the
+        last `n_swa` positions), so the state itself goes on only from its end, or one before; from
+        further back, only a checkpoint saved with it serves."""
+        if self._reaches(max(0, length - self.n_swa), keep):
+            return keep
+        return max((pos + 1 for pos in checkpoints if pos < keep), default=0)
 
     def _reaches(self, pos_min: int, pos: int) -> bool:
         """Do window cells from `pos_min` on hold every position the token at `pos` attends to? (llama.cpp
