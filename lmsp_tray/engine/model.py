@@ -226,6 +226,7 @@ class LlamaModel:
             speculative=options.speculative and not recurrent,
             prompt_cache=self.prompt_cache,
             on_step=self._on_step,
+            warm_up=None if llama_cpp.llama_model_has_encoder(model) else max(llama_cpp.llama_vocab_bos(self.vocab), 0),
         )
         self._grammars = GrammarBuilder(self.id, self.vocab, self.scheduler, on_done=self._on_step)
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from lmsp_tray.engine import kv_states
 from lmsp_tray.engine.admission import too_many, unloading
-from lmsp_tray.engine.batch import Batch
+from lmsp_tray.engine.batch import Batch, warm_up
 from lmsp_tray.engine.jobs import (
     CANCELLED,
     CONTEXT,
@@ -123,6 +123,7 @@ class Scheduler:
         prompt_cache: PromptCache | None = None,
         idle_save_s: float = IDLE_SAVE_S,
         on_step: Callable[[], None] | None = None,
+        warm_up: int | None = None,
     ) -> None:
         self._model = model
         self._speculative = speculative
@@ -140,6 +141,7 @@ class Scheduler:
         self._queue: collections.deque[GenerationJob] = collections.deque()
         self._prepared: dict[GenerationJob, Prepared] = {}  # queued jobs' samplers built ahead
         self._cond = threading.Condition()
+        self._ready = threading.Event()  # set once the thread has warmed llama.cpp up
         self._stopping = False
         self._drain = False
         self._admissions = 0
@@ -150,8 +152,9 @@ class Scheduler:
         self.drafted = 0  # speculative draft tokens verified, and of those kept (observable)
         self.accepted = 0
         self.last_activity = time.monotonic()
-        self._thread = threading.Thread(target=self._run, name=f"lmsp-model-{model.id}", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(warm_up,), name=f"lmsp-model-{model.id}", daemon=True)
         self._thread.start()
+        self._ready.wait()
 
     # -- called from other threads ---------------------------------------------------------------
     def submit(self, job: GenerationJob, prepared: Prepared | None = None) -> None:
@@ -215,8 +218,11 @@ class Scheduler:
         self._batch.free()
 
     # -- the scheduler thread -------------------------------------------------------------------
-    def _run(self) -> None:
+    def _run(self, warm_token: int | None) -> None:
         try:
+            if warm_token is not None:  # on this thread: llama.cpp's CPU threads belong to the one decoding
+                warm_up(self._model.ctx, self._model.memory, warm_token)
+            self._ready.set()
             while True:
                 save = False
                 with self._cond:
@@ -244,6 +250,7 @@ class Scheduler:
         except Exception:  # never leave callers waiting forever
             log.exception("scheduler of %s crashed", self._model.id)
         finally:
+            self._ready.set()
             error = ServiceUnavailable("The model was unloaded while the request was running.")
             with self._cond:
                 self._stopping = True
