@@ -260,6 +260,8 @@ def test_window_checkpoints_are_saved_with_a_state_and_come_back_with_it(tmp_pat
     newest = again.load(saved, windows=1)  # the next turn goes on from the end: the newest is kept on
     assert newest is not None and [(c.pos_max, bytes(c.data)) for c in newest.checkpoints] == [(299, second)]
     assert (plain := again.load(saved)) is not None and plain.checkpoints == []
+    for each in (loaded, newest, plain):
+        each.close()  # the file is mapped until then
     path = saved_files(tmp_path)[0]
     with path.open("r+b") as fh:  # cut inside the last checkpoint
         fh.truncate(path.stat().st_size - 3_000)

@@ -46,7 +46,10 @@ def restore(
     if loaded is None:
         return None
     state = (ctypes.c_uint8 * len(loaded.state)).from_buffer(loaded.state)
-    if llama_cpp.llama_state_seq_set_data(ctx, state, len(loaded.state), seq_id) == 0:
+    taken = llama_cpp.llama_state_seq_set_data(ctx, state, len(loaded.state), seq_id) != 0
+    del state  # llama.cpp has copied it: the file's mapping can go
+    loaded.close()
+    if not taken:
         llama_cpp.llama_memory_seq_rm(memory, seq_id, -1, -1)
         cache.refuse(saved, "llama.cpp would not load it")
         return None
