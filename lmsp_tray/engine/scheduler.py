@@ -50,15 +50,9 @@ from lmsp_tray.engine.jobs import (
 from lmsp_tray.engine.prompt_cache import MIN_TOKENS, PromptCache, Saved, common_prefix
 from lmsp_tray.engine.sampling import GrammarError, Sampler, SamplingParams
 from lmsp_tray.engine.speculation import LONG_DRAFT, Drafter, DrafterFactory, Drafting, PromptLookup
-from lmsp_tray.engine.swa import Windows
+from lmsp_tray.engine.swa import Windows, checkpoint_tail
 from lmsp_tray.engine.textstream import TextStream
-from lmsp_tray.errors import (
-    ContextLengthExceeded,
-    InternalError,
-    InvalidRequest,
-    LMSPError,
-    ServiceUnavailable,
-)
+from lmsp_tray.errors import ContextLengthExceeded, InternalError, InvalidRequest, LMSPError, ServiceUnavailable
 
 if TYPE_CHECKING:
     from lmsp_tray.engine.model import LlamaModel
@@ -90,6 +84,7 @@ class _Slot:
     cache: list[int] = field(default_factory=list)  # tokens whose KV this sequence holds
     job: GenerationJob | None = None
     pending: Sequence[int] = ()  # prompt tokens still to evaluate
+    tail: int = -1  # the window checkpoint is taken when this many prompt tokens are pending (-1: none)
     last_token: int = -1  # sampled, not yet decoded
     generated: int = 0
     reused: int = 0
@@ -312,6 +307,9 @@ class Scheduler:
             keep = 0
         del slot.cache[keep:]
         slot.pending = job.prompt[keep:]
+        slot.tail = -1 if self.windows is None else checkpoint_tail(len(slot.pending))
+        if self.windows is not None and slot.tail == len(slot.pending):
+            self.windows.take(slot.seq_id)  # before a short addition: a point to come back to
         slot.reused = keep
         slot.generated = 0
         slot.last_token = -1
@@ -422,7 +420,8 @@ class Scheduler:
         for slot in sorted((s for s in active if s.pending), key=lambda s: s.admitted):
             if budget <= 0:
                 break
-            chunk = slot.pending[:budget]
+            ahead = len(slot.pending) - slot.tail  # before the checkpoint: the tail goes in after it
+            chunk = slot.pending[: min(budget, ahead) if ahead > 0 else budget]
             pos = len(slot.cache)
             last = len(chunk) == len(slot.pending)
             for j, token in enumerate(chunk):
@@ -448,8 +447,8 @@ class Scheduler:
             slot.saved = False
             if slot.pending:
                 slot.pending = slot.pending[len(slot.fed) :]
-                if not slot.pending and self.windows is not None:
-                    self.windows.take(slot.seq_id)  # the prompt is in: a point to come back to
+                if slot.pending and len(slot.pending) == slot.tail and self.windows is not None:
+                    self.windows.take(slot.seq_id)  # all but the prompt's tail is in: a point to come back to
             if slot.out >= 0:
                 assert slot.sampler is not None
                 try:

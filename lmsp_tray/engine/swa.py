@@ -31,7 +31,19 @@ from lmsp_tray.engine.prompt_cache import WindowCheckpoint
 
 log = logging.getLogger("lmsp_tray.engine")
 
-CHECKPOINTS = 2  # per sequence: the last prompt's end, and the one before (editing the last message)
+CHECKPOINTS = 2  # per sequence: the last prompt's, and the one before (editing the last message)
+TAIL = 32  # a long prompt's last tokens, fed after its checkpoint: regenerating the answer evaluates them
+SHORT = 256  # a prompt adding no more tokens than this is checkpointed before any of them is fed
+
+
+def checkpoint_tail(pending: int) -> int:
+    """How many of a prompt's `pending` tokens go in after its checkpoint. A checkpoint taken after the
+    whole prompt cannot serve a regenerated answer (that goes on from the prompt's last token but one),
+    so it is taken before the last `TAIL`, at the cost of one more decode; a short addition (the next
+    turn of a chat) is checkpointed before it starts, which costs no decode at all."""
+    return TAIL if pending > SHORT else pending
+
+
 CHECKPOINT_BYTES = 1 << 30  # all sequences' checkpoints together; the oldest go first (a 12B model's are
 # about 0.3 GiB each, Gemma 3 270M's 7.5 MiB)
 PARTIAL = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
