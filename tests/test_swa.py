@@ -94,6 +94,16 @@ def alone(fresh: LlamaModel, prompt: list[int], tokens: int = 12) -> list[Step]:
     return answer(fresh, prompt, tokens)
 
 
+def answered_and_loaded_again(path: Path, cache: Path, prompt_text: str, tokens: int) -> tuple[list[int], LlamaModel]:
+    """The prompt's tokens, answered by a model that then closed (saving its sequence to `cache`), and
+    the model loaded again."""
+    first = load(path, cache)
+    prompt = first.tokenize(prompt_text)
+    answer(first, prompt, tokens)
+    first.close()
+    return prompt, load(path, cache)
+
+
 def assert_same(got: list[Step], want: list[Step]) -> None:
     """The same greedy answer up to rounding: every equal step's log probability within 0.25 of the
     other's, and the first half of the tokens equal, unless they part at a near-tie (two tokens at
@@ -191,11 +201,7 @@ def test_a_saved_state_is_not_restored_for_a_prompt_that_leaves_it_early(
 ) -> None:
     """Its window cells end where it ends, so a prompt departing ~300 tokens before that cannot use it:
     it is left on disk, not loaded and thrown away."""
-    first = load(gemma_gguf, tmp_path)
-    history = first.tokenize(f"<start_of_turn>user\n{text(6, 60)}")
-    answer(first, history, 2)
-    first.close()
-    again = load(gemma_gguf, tmp_path)
+    history, again = answered_and_loaded_again(gemma_gguf, tmp_path, f"<start_of_turn>user\n{text(6, 60)}", 2)
     try:
         early = history[:900] + again.tokenize(" In short?<end_of_turn>\n<start_of_turn>model\n", add_special=False)
         got = answer(again, early)
@@ -269,11 +275,8 @@ def test_regenerating_the_only_answer_after_a_restart_evaluates_only_the_prompts
     """A long first prompt is checkpointed before its last `TAIL` tokens, so its answer can be
     regenerated after a restart from that checkpoint (a checkpoint after the whole prompt cannot serve:
     the answer goes on from the prompt's last token but one)."""
-    first = load(gemma_gguf, tmp_path)
-    prompt = first.tokenize(f"<start_of_turn>user\n{text(9, 50)}<end_of_turn>\n<start_of_turn>model\n")
-    answer(first, prompt, 8)
-    first.close()
-    again = load(gemma_gguf, tmp_path)
+    turn = f"<start_of_turn>user\n{text(9, 50)}<end_of_turn>\n<start_of_turn>model\n"
+    prompt, again = answered_and_loaded_again(gemma_gguf, tmp_path, turn, 8)
     try:
         got, finish = run(again, prompt, 12)
         windows = again.scheduler.windows if again.scheduler else None
