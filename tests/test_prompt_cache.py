@@ -259,7 +259,8 @@ def test_window_checkpoints_are_saved_with_a_state_and_come_back_with_it(tmp_pat
     assert [(c.pos_min, c.pos_max, bytes(c.data)) for c in loaded.checkpoints] == [(0, 259, first), (40, 299, second)]
     newest = again.load(saved, windows=1)  # the next turn goes on from the end: the newest is kept on
     assert newest is not None and [(c.pos_max, bytes(c.data)) for c in newest.checkpoints] == [(299, second)]
-    assert (plain := again.load(saved)) is not None and plain.checkpoints == []
+    plain = again.load(saved)
+    assert plain is not None and plain.checkpoints == []
     for each in (loaded, newest, plain):
         each.close()  # the file is mapped until then
     path = saved_files(tmp_path)[0]
