@@ -24,13 +24,14 @@ from typing import Any
 import llama_cpp
 
 from lmsp_tray.discovery.entry import ModelEntry
+from lmsp_tray.engine import kv_states
 from lmsp_tray.engine.embedder import Embedder
 from lmsp_tray.engine.embedding import EmbedCancel, Embeddings, EmbedDone, EmbedJob
 from lmsp_tray.engine.grammars import GrammarBuilder
 from lmsp_tray.engine.jobs import GenerationJob
 from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan, plan_load
 from lmsp_tray.engine.loaded import ModelStats, Placement
-from lmsp_tray.engine.prompt_cache import PromptCache, cache_key
+from lmsp_tray.engine.prompt_cache import PromptCache
 from lmsp_tray.engine.prompt_tokens import PromptTokenizer, SpecialToken, turn_markers
 from lmsp_tray.engine.runtime import Runtime, physical_cores
 from lmsp_tray.engine.scheduler import Scheduler
@@ -233,23 +234,16 @@ class LlamaModel:
     def _prompt_cache(
         self, entry: ModelEntry, options: LoadOptions, cparams: Any, gpu_layers: int
     ) -> PromptCache | None:
-        """This model's saved states, keyed by the file and everything that shapes its KV cache."""
         assert options.prompt_cache_dir is not None
-        params = {
-            "context_per_sequence": self.context_per_sequence,
-            "type_k": cparams.type_k,
-            "type_v": cparams.type_v,
-            "flash_attn": cparams.flash_attn_type,
-            "rope": (cparams.rope_scaling_type, cparams.rope_freq_base, cparams.rope_freq_scale),
-            "yarn": (cparams.yarn_ext_factor, cparams.yarn_attn_factor, cparams.yarn_orig_ctx),
-            "swa_full": cparams.swa_full,
-            "kv_unified": cparams.kv_unified,
-            "gpu_layers": gpu_layers,
-            "llama_cpp": llama_cpp.__version__,
-        }
         try:
-            key = cache_key(entry.path, params)
-            return PromptCache(Path(options.prompt_cache_dir), entry.path, key, options.prompt_cache_bytes)
+            return kv_states.open_cache(
+                Path(options.prompt_cache_dir),
+                entry.path,
+                options.prompt_cache_bytes,
+                context_per_sequence=self.context_per_sequence,
+                cparams=cparams,
+                gpu_layers=gpu_layers,
+            )
         except OSError as exc:
             log.warning("%s: no prompt cache (%s)", self.id, exc)
             return None

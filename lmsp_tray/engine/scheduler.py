@@ -47,7 +47,7 @@ from lmsp_tray.engine.jobs import (
     GrammarTrigger,
     TokenLogprob,
 )
-from lmsp_tray.engine.prompt_cache import MIN_TOKENS, PromptCache, Saved, common_prefix
+from lmsp_tray.engine.prompt_cache import PromptCache, common_prefix
 from lmsp_tray.engine.sampling import GrammarError, Sampler, SamplingParams
 from lmsp_tray.engine.speculation import LONG_DRAFT, Drafter, DrafterFactory, Drafting, PromptLookup
 from lmsp_tray.engine.swa import Windows, checkpoint_tail
@@ -60,7 +60,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("lmsp_tray.engine")
 
 IDLE_SAVE_S = 30.0  # a model idle this long writes its sequences' states to the prompt cache
-RESTORE_GAIN = 64  # a saved state is restored when it covers this many more prompt tokens than memory
 
 
 @dataclass(eq=False)
@@ -330,29 +329,17 @@ class Scheduler:
 
     def _restore(self, slot: _Slot, prompt: Sequence[int]) -> None:
         """Load a saved state into the slot when it covers much more of `prompt` than the slot holds."""
-        cache = self.prompt_cache
-        assert cache is not None
-        windows = self.windows
-
-        def usable(saved: Saved, shared: int) -> int:
-            keep = min(shared, len(prompt) - 1)
-            return keep if windows is None else windows.saved_serves(len(saved.tokens), saved.checkpoints, keep)
-
-        saved, keep = cache.best(prompt, usable)
-        if saved is None or keep < common_prefix(slot.cache, prompt) + RESTORE_GAIN:
-            return
-        slot.cache.clear()
-        if windows is not None:
-            windows.drop(slot.seq_id)
-        back = keep < len(saved.tokens) - 1  # needs a checkpoint; else the newest goes on with the sequence
-        wanted = 0 if windows is None else len(saved.checkpoints) if back else 1
-        checkpoints = kv_states.restore(self._model.ctx, self._model.memory, slot.seq_id, cache, saved, windows=wanted)
-        if checkpoints is not None:
-            slot.cache = list(saved.tokens)
+        assert self.prompt_cache is not None
+        model = self._model
+        held = common_prefix(slot.cache, prompt)
+        restored = kv_states.restore_best(
+            model.ctx, model.memory, slot.seq_id, self.prompt_cache, self.windows, prompt, held
+        )
+        if restored is not None:
+            slot.cache = list(restored)
             slot.saved = True
-            if windows is not None:
-                windows.adopt(slot.seq_id, checkpoints)
-            log.info("%s: restored %d tokens from the prompt cache", self._model.id, len(saved.tokens))
+            if restored:
+                log.info("%s: restored %d tokens from the prompt cache", model.id, len(restored))
 
     def save_states(self) -> None:
         """Hand every sequence's KV state not yet saved to the prompt cache's writer (on this thread,
@@ -364,10 +351,7 @@ class Scheduler:
             if slot.saved or slot.job is not None:
                 continue
             slot.saved = True
-            if len(slot.cache) >= MIN_TOKENS and not cache.holds(slot.cache):
-                state = kv_states.copy_out(self._model.ctx, slot.seq_id)
-                if state is not None:
-                    cache.save(slot.cache, state, self.windows.saved(slot.seq_id) if self.windows else ())
+            kv_states.save(self._model.ctx, slot.seq_id, cache, slot.cache, self.windows)
 
     def _new_sampler(self, slot: _Slot, sampling: SamplingParams) -> Sampler | None:
         """A sampler for the slot's request; None (and the request ended) if its grammar won't compile."""
