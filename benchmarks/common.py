@@ -57,9 +57,37 @@ def llama_server_binary(link: str = "static") -> Path:
 
 def physical_cores() -> int:
     sys.path.insert(0, str(ROOT))
-    from lmsp_tray.engine.runtime import physical_cores as cores
+    from lmsp_tray.engine.devices import physical_cores as cores
 
     return cores()
+
+
+VECTOR_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux lists them (empty elsewhere)."""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
+        for line in fh:
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def cpu_line() -> str:
+    """The CPU's model and its vector extensions, for the first line a benchmark prints."""
+    name = "unknown CPU"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
+        name = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), name)
+    flags = cpu_flags()
+    return f"{name}, {os.cpu_count()} CPUs, {' '.join(f for f in VECTOR_FLAGS if f in flags) or 'no AVX2'}"
+
+
+def llama_server_cpu_args() -> list[str]:
+    """llama-server's arguments that make it run the kernels lmsp-tray runs on this CPU: where the CPU
+    has AMX the service keeps the weights unrepacked (llama.cpp's AMX path crashed on Gemma's K-quants,
+    `runner/model.py`), so llama-server gets `--no-repack` there too."""
+    return ["--no-repack"] if "amx_tile" in cpu_flags() else []
 
 
 def free_port() -> int:
@@ -76,6 +104,23 @@ def wait_http(url: str, timeout: float = 120.0) -> None:
                 return
         time.sleep(0.2)
     raise RuntimeError(f"{url} did not come up")
+
+
+@contextlib.contextmanager
+def pooled_llama_server(binary: Path, model: Path, threads: int, mode: str, extra: list[str]) -> Iterator[str]:
+    """llama-server on a pooling model in `mode` (`--embeddings` or `--reranking`) with `threads` for
+    decode and batches, no web UI, on a free loopback port: its URL once /health answers; stopped after."""
+    port = free_port()
+    cmd = [str(binary), "-m", str(model), "--port", str(port), "--host", "127.0.0.1", mode]
+    cmd += ["-t", str(threads), "-tb", str(threads), "--no-webui", *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{url}/health")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def rss_bytes(pid: int) -> int:
@@ -113,14 +158,28 @@ class ServiceURL(str):
         return obj
 
 
-BENCH_SCOPES = ("models:read", "models:manage", "responses:create", "responses:read", "tasks:create", "tasks:read")
+BENCH_SCOPES = (
+    "models:read",
+    "models:manage",
+    "responses:create",
+    "responses:read",
+    "tasks:create",
+    "tasks:read",
+    "activity:read",  # /metrics
+)
 
 
 @contextlib.contextmanager
 def lmsp_service(
-    model: Path, *, threads: int, extra_env: dict[str, str] | None = None, config: str = ""
+    model: Path,
+    *,
+    threads: int,
+    extra_env: dict[str, str] | None = None,
+    config: str = "",
+    beside: tuple[Path, ...] = (),
 ) -> Iterator[tuple[ServiceURL, subprocess.Popen]]:
-    """This project's service (`lmsp-tray serve`) as a subprocess, on the given model only.
+    """This project's service (`lmsp-tray serve`) as a subprocess, on the given model only (and the
+    files `beside` it, e.g. its vision projector).
 
     A token is made with `lmsp-tray tokens create` before the start; the yielded URL carries it
     (`url.headers`), and `stream_lmsp` sends it.
@@ -128,7 +187,8 @@ def lmsp_service(
     with tempfile.TemporaryDirectory() as home:
         models = Path(home) / "models-in"
         models.mkdir()
-        (models / model.name).symlink_to(model)
+        for file in (model, *beside):
+            (models / file.name).symlink_to(file)
         (Path(home) / "config").mkdir()
         (Path(home) / "config" / "config.toml").write_text(f"threads = {threads}\ndemo_model = false\n{config}")
         port = free_port()

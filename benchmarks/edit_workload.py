@@ -2,19 +2,33 @@
 
 Single stream, temperature 0. Decode tokens/s of lmsp-tray with speculative decoding (prompt
 lookup, on by default) against the same service with it off, `llama-server -np 1` as users run it,
-and llama-server with each of its n-gram `--spec-type` settings; and how often each output is
-identical to the same peer's non-speculative output (the identity rate).
+and llama-server with each of its n-gram `--spec-type` settings (`ngram-simple`, `ngram-mod`,
+`ngram-cache`; `--no-repack` where the CPU has AMX, as the service keeps its weights unrepacked);
+and how often each output is identical to the same peer's non-speculative output (the identity rate).
 
-  .venv/bin/python benchmarks/edit_workload.py --quick
+  .venv/bin/python benchmarks/edit_workload.py [--rounds 3] [--quick] [--peers lmsp-tray,ngram-simple,ngram-mod]
 
-Peers run in turn, one at a time (the machine has few cores), each round visiting every peer.
+Prints the CPU's model and vector extensions first: n-gram speculation pays differently on AVX2 and
+AVX-512 machines. Peers run in turn, one at a time (the machine has few cores), each round visiting
+every peer (interleaved, so a slow spell of the machine falls on all of them); the table gives each
+peer's median and its spread (lowest-highest round), and the words each output copied from the
+source (in runs of 4 or more words): a greedy text that parted from the source early copies less,
+and drafts less, so rounds whose texts parted differently can be told apart. Each run's line also
+counts the words that repeat a run of 4 or more words seen before (in the source or earlier in the
+output: what an n-gram drafter can propose; Gemma goes on after the edited text, and a text that
+copies itself again drafts as well as one that copies the source) and the machine's load average.
+`--peers` runs only the peers named (`lmsp-tray`, `spec-off`, `default`, or an n-gram `--spec-type`;
+the ratios to a peer not run are left out). llama-server's n-gram tables outlive a request
+(`ngram-mod`), as lmsp-tray's recent sequences do, so rounds after the first draft from the first.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import json
+import os
 import statistics
 import sys
 from collections.abc import Callable, Iterator
@@ -23,7 +37,16 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import gemma_path, llama_server_binary, lmsp_service, physical_cores, print_table, stream_lmsp_turn
+from common import (
+    cpu_line,
+    gemma_path,
+    llama_server_binary,
+    llama_server_cpu_args,
+    lmsp_service,
+    physical_cores,
+    print_table,
+    stream_lmsp_turn,
+)
 from throughput import llama_server
 
 TEXT = (
@@ -88,6 +111,29 @@ def render(message: str) -> str:
 
 PROMPTS = {name: render(message) for name, message in MESSAGES.items()}
 NGRAM_TYPES = ("ngram-simple", "ngram-mod", "ngram-cache")
+SOURCES = {"text": TEXT, "code": CODE}
+COPY_RUN_WORDS = 4  # a run of this many words in the source's order counts as copied
+
+
+def copied_words(text: str, source: str) -> int:
+    """How many of the output's words it copied from `source`, in runs of `COPY_RUN_WORDS` or more."""
+    out, src = text.split(), source.split()
+    blocks = difflib.SequenceMatcher(None, out, src, autojunk=False).get_matching_blocks()
+    return sum(b.size for b in blocks if b.size >= COPY_RUN_WORDS)
+
+
+def repeated_words(text: str, source: str) -> int:
+    """How many of the output's words repeat a run of `COPY_RUN_WORDS` words seen before them (in
+    `source`, or earlier in the output)."""
+    out, n = text.split(), COPY_RUN_WORDS
+    seen = {tuple(source.split()[i : i + n]) for i in range(len(source.split()) - n + 1)}
+    marked = [False] * len(out)
+    for i in range(len(out) - n + 1):
+        run = tuple(out[i : i + n])
+        if run in seen:
+            marked[i : i + n] = [True] * n
+        seen.add(run)
+    return sum(marked)
 
 
 def lmsp_run(c: httpx.Client, url, message: str, tokens: int) -> tuple[float, str, int]:
@@ -116,17 +162,24 @@ def server_run(c: httpx.Client, url: str, prompt: str, tokens: int) -> tuple[flo
 
 
 @contextlib.contextmanager
-def peers(model: Path, threads: int, binary: Path, quick: bool) -> Iterator[dict[str, Callable]]:
+def peers(model: Path, threads: int, binary: Path, quick: bool, only: list[str]) -> Iterator[dict[str, Callable]]:
+    def wanted(key: str) -> bool:
+        return not only or key in only
+
     with contextlib.ExitStack() as stack:
         found: dict[str, Callable] = {}
         for name, config in (("lmsp-tray", ""), ("lmsp-tray, speculative off", "speculative = false\n")):
+            if not wanted("lmsp-tray" if not config else "spec-off"):
+                continue
             url, _ = stack.enter_context(
                 lmsp_service(model, threads=threads, config=config + "parallel = 1\nkeep_alive = '1h'\n")
             )
             found[name] = lambda c, key, n, url=url: lmsp_run(c, url, MESSAGES[key], n)
-        specs: dict[str, tuple[str, ...]] = {"llama-server -np 1": ()}
+        cpu = tuple(llama_server_cpu_args())
+        specs: dict[str, tuple[str, ...]] = {"llama-server -np 1": cpu} if wanted("default") else {}
         for kind in NGRAM_TYPES[:2] if quick else NGRAM_TYPES:
-            specs[f"llama-server --spec-type {kind}"] = ("--spec-type", kind)
+            if wanted(kind):
+                specs[f"llama-server --spec-type {kind}"] = ("--spec-type", kind, *cpu)
         for name, extra in specs.items():
             url = stack.enter_context(llama_server(binary, model, parallel=1, threads=threads, extra=extra))
             found[name] = lambda c, key, n, url=url: server_run(c, url, PROMPTS[key], n)
@@ -138,50 +191,75 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=600)
     parser.add_argument("--quick", action="store_true", help="1 round, 2 llama-server n-gram settings")
+    parser.add_argument("--peers", default="", help="only these: lmsp-tray,spec-off,default,ngram-simple,...")
     args = parser.parse_args()
     rounds = 1 if args.quick else args.rounds
     threads = physical_cores()
+    print(f"CPU: {cpu_line()}; {threads} threads", flush=True)
     binary = llama_server_binary()
     model = gemma_path()
     rates: dict[tuple[str, str], list[float]] = {}
     texts: dict[tuple[str, str], list[str]] = {}
-    with peers(model, threads, binary, args.quick) as found, httpx.Client(timeout=600) as c:
+    copies: dict[tuple[str, str], list[int]] = {}
+    only = [word for word in args.peers.split(",") if word]
+    with peers(model, threads, binary, args.quick, only) as found, httpx.Client(timeout=600) as c:
         for name, run in found.items():  # warm-up: load, first prompt
             run(c, "text", 8)
         for _ in range(rounds):
             for key in PROMPTS:
                 for name, run in found.items():
                     rate, text, n = run(c, key, args.tokens)
-                    print(f"{key:5s} {name:36s} {rate:7.1f} tok/s  {n} tokens", flush=True)
+                    copied = copied_words(text, SOURCES[key])
+                    again = repeated_words(text, SOURCES[key])
+                    load = os.getloadavg()[0]
+                    print(
+                        f"{key:5s} {name:36s} {rate:7.1f} tok/s  {n} tokens, {copied} words copied, {again} repeated;"
+                        f" load {load:.1f}",
+                        flush=True,
+                    )
                     rates.setdefault((name, key), []).append(rate)
                     texts.setdefault((name, key), []).append(text)
+                    copies.setdefault((name, key), []).append(copied)
     names = list(found)
+
+    def median(name: str, key: str) -> float:
+        return statistics.median(rates[(name, key)])
+
     rows = []
     for name in names:
         row = [name]
         for key in PROMPTS:
-            rate = statistics.median(rates[(name, key)])
-            base = statistics.median(rates[("llama-server -np 1", key)])
+            low, high = min(rates[(name, key)]), max(rates[(name, key)])
+            cell = f"{median(name, key):.1f} tok/s [{low:.1f}-{high:.1f}] ("
+            if ("llama-server -np 1", key) in rates:
+                cell += f"{median(name, key) / median('llama-server -np 1', key):.2f}x default; "
             plain = "lmsp-tray, speculative off" if name.startswith("lmsp") else "llama-server -np 1"
-            same = sum(a == b for a, b in zip(texts[(name, key)], texts[(plain, key)], strict=True))
-            row.append(f"{rate:.1f} tok/s ({rate / base:.2f}x default; identical {same}/{rounds})")
+            if (plain, key) in texts:
+                same = sum(a == b for a, b in zip(texts[(name, key)], texts[(plain, key)], strict=True))
+                cell += f"identical {same}/{rounds}; "
+            row.append(cell + f"{statistics.median(copies[(name, key)]):.0f} words copied)")
         rows.append(tuple(row))
-    print(f"Gemma 3 270M, {threads} threads, {rounds} rounds, {args.tokens} max tokens, medians")
+    print(f"Gemma 3 270M, {threads} threads, {rounds} rounds, {args.tokens} max tokens, medians [spread]")
     print_table(rows, ("peer", *PROMPTS))
-    best = {
-        key: max(
-            (n for n in names if n.startswith("llama-server --spec")),
-            key=lambda n, key=key: statistics.median(rates[(n, key)]),
-        )
-        for key in PROMPTS
-    }
+    if "lmsp-tray" not in names:
+        return
     for key in PROMPTS:
-        ours = statistics.median(rates[("lmsp-tray", key)])
-        print(
-            f"{key}: lmsp-tray / llama-server default {ours / statistics.median(rates[('llama-server -np 1', key)]):.2f} "
-            f"(>= 1.5), / best n-gram ({best[key]}) {ours / statistics.median(rates[(best[key], key)]):.2f} (>= 1.0), "
-            f"/ speculative off {ours / statistics.median(rates[('lmsp-tray, speculative off', key)]):.2f}"
-        )
+        ours = median("lmsp-tray", key)
+        ratios = [f"{key}: lmsp-tray"]
+        if "llama-server -np 1" in names:
+            ratios.append(f"/ llama-server default {ours / median('llama-server -np 1', key):.2f} (>= 1.5)")
+        spec = [n for n in names if n.startswith("llama-server --spec")]
+        if spec:
+            best = max(spec, key=lambda n, key=key: median(n, key))
+            per_round = [a / b for a, b in zip(rates[("lmsp-tray", key)], rates[(best, key)], strict=True)]
+            ratios.append(
+                f"/ best n-gram ({best}) {ours / median(best, key):.2f} (>= 1.0; per round "
+                + ", ".join(f"{r:.2f}" for r in per_round)
+                + ")"
+            )
+        if "lmsp-tray, speculative off" in names:
+            ratios.append(f"/ speculative off {ours / median('lmsp-tray, speculative off', key):.2f}")
+        print(" ".join(ratios))
 
 
 if __name__ == "__main__":

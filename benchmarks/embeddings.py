@@ -23,15 +23,21 @@ import argparse
 import contextlib
 import random
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import numpy as np
-from common import CACHE, ROOT, free_port, llama_server_binary, lmsp_service, physical_cores, wait_http
+from common import (
+    CACHE,
+    ROOT,
+    llama_server_binary,
+    lmsp_service,
+    physical_cores,
+    pooled_llama_server,
+)
 
 sys.path.insert(0, str(ROOT / "tests"))
 from gguf_factory import BERT_WORDS, write_tiny_bert_gguf
@@ -71,21 +77,6 @@ def over_http(url: str, model: str, headers: dict[str, str]) -> Embedder:
         return np.array([d["embedding"] for d in data], dtype=np.float32)
 
     return embed
-
-
-@contextlib.contextmanager
-def llama_server(binary: Path, model: Path, threads: int, extra: list[str]) -> Iterator[str]:
-    port = free_port()
-    cmd = [str(binary), "-m", str(model), "--port", str(port), "--host", "127.0.0.1", "--embeddings"]
-    cmd += ["-t", str(threads), "-tb", str(threads), "--no-webui", *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(f"{url}/health")
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def run_round(
@@ -134,8 +125,10 @@ def main() -> int:
         url, _proc = stack.enter_context(lmsp_service(model, threads=args.threads))
         base = url.removesuffix("/lmsp/v1")
         model_id = next(m["id"] for m in httpx.get(f"{base}/v1/models", headers=url.headers, timeout=60).json()["data"])
-        tuned = stack.enter_context(llama_server(binary, model, args.threads, ["-np", "32", "-c", str(32 * 512)]))
-        default = stack.enter_context(llama_server(binary, model, args.threads, []))
+        tuned = stack.enter_context(
+            pooled_llama_server(binary, model, args.threads, "--embeddings", ["-np", "32", "-c", str(32 * 512)])
+        )
+        default = stack.enter_context(pooled_llama_server(binary, model, args.threads, "--embeddings", []))
         peers: dict[str, Embedder] = {
             "lmsp-tray": over_http(base, model_id, url.headers),
             "llama-server -np 32": over_http(tuned, "m", {}),

@@ -24,9 +24,9 @@ from common import gemma_path, physical_cores, print_table
 from lmsp_tray.discovery.entry import ModelEntry
 from lmsp_tray.discovery.gguf_header import read_gguf_info
 from lmsp_tray.engine.load_plan import LoadOptions, plan_load
-from lmsp_tray.engine.model import LlamaModel
 from lmsp_tray.engine.process import ModelProcess
-from lmsp_tray.engine.runtime import Runtime
+from lmsp_tray.runner.model import LlamaModel
+from lmsp_tray.runner.runtime import Runtime
 
 VOCAB_ONLY = """
 import os, sys, time, llama_cpp

@@ -36,12 +36,12 @@ sys.path.insert(0, str(ROOT))
 
 from lmsp_tray.discovery.entry import ModelEntry
 from lmsp_tray.discovery.gguf_header import read_gguf_info
-from lmsp_tray.engine import kv_states
 from lmsp_tray.engine.jobs import Finish, GenerationJob
 from lmsp_tray.engine.load_plan import LoadOptions
-from lmsp_tray.engine.model import LlamaModel
-from lmsp_tray.engine.runtime import Runtime
 from lmsp_tray.engine.sampling import SamplingParams
+from lmsp_tray.runner import kv_states
+from lmsp_tray.runner.model import LlamaModel
+from lmsp_tray.runner.runtime import Runtime
 
 
 def stream_gaps(model: LlamaModel, prompt: list[int], tokens: int) -> list[float]:

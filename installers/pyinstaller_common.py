@@ -5,7 +5,7 @@ picks its backend module by name at run time, keyring finds its backends through
 (package metadata), llama.cpp's shared libraries sit inside its package, PyGObject needs its
 typelibs, the demo model's chunks are package data, and the tray icons are files in `assets/`.
 Each spec used to list these by itself; now they all call `analysis_inputs(root, platform)`, and
-the Linux build, which a test builds and starts (tests/test_pyinstaller.py), proves the shared part
+the Linux build, which a test builds and starts (tests/e2e/test_pyinstaller.py), proves the shared part
 for the two that cannot be built here.
 
 Read by the specs with `sys.path.insert(0, <repo>/installers)`; imports PyInstaller's hook helpers,

@@ -10,14 +10,30 @@ Nothing is read at import time: the daemon calls `resolve_paths` and
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import os
 import re
 import sys
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    Strict,
+    TypeAdapter,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+)
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from lmsp_tray.private import private_dir, tighten
 
@@ -58,7 +74,7 @@ class Paths:
 
     @property
     def prompt_cache_dir(self) -> Path:
-        """Saved KV states of conversations (`engine.prompt_cache`), restored after unload or restart."""
+        """Saved KV states of conversations (`runner.prompt_cache`), restored after unload or restart."""
         return self.cache_dir / "prompt-cache"
 
     @property
@@ -95,18 +111,25 @@ def resolve_paths(environ: Mapping[str, str] | None = None) -> Paths:
 
 
 class ConfigError(ValueError):
-    """config.toml or an override has a value the service cannot use."""
+    """config.toml or an override has a value the service cannot use.
+
+    `setting` names the offending setting (dotted, as in the file) when there is one, and `detail`
+    is the message without the file's name in front (the settings form reports it per field)."""
+
+    def __init__(self, message: str, *, setting: str | None = None, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.setting = setting
+        self.detail = detail or message
 
 
 _DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 
 
-def parse_duration(value: Any, *, name: str = "duration") -> float | None:
-    """Seconds from ``300``, ``"5m"``, ``"1h"``, ``"30s"``; ``None`` for never (-1, "never")."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{name}: expected seconds or a duration like '5m', got {value!r}")
-    if isinstance(value, (int, float)):
+def _seconds(value: Any) -> float | None:
+    """Seconds from ``300``, ``"5m"``, ``"1h"``, ``"30s"``; ``None`` for never (-1, "never");
+    raises `ValueError` saying what a duration looks like."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         return None if value < 0 else float(value)
     if isinstance(value, str):
         if value.strip().lower() in {"never", "forever", "-1"}:
@@ -115,56 +138,239 @@ def parse_duration(value: Any, *, name: str = "duration") -> float | None:
         if match:
             seconds = float(match.group(1)) * _UNITS[match.group(2)]
             return None if seconds < 0 else seconds
-    raise ConfigError(f"{name}: expected seconds or a duration like '5m', got {value!r}")
+    raise ValueError(f"expected seconds or a duration like '5m', got {value!r}")
+
+
+def parse_duration(value: Any, *, name: str = "duration") -> float | None:
+    """Seconds from ``300``, ``"5m"``, ``"1h"``, ``"30s"``; ``None`` for never (-1, "never")."""
+    try:
+        return _seconds(value)
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+
+
+# -- the rules of config.toml ------------------------------------------------------------------------
+# Each setting's type carries its rule (pydantic, strict where a TOML type is expected) and the one
+# message a person reads when the value breaks it; `Config` below is validated by `SCHEMA`.
+
+
+def _refuse(message: str) -> PydanticCustomError:
+    return PydanticCustomError("config", "{message}", {"message": message})
+
+
+def _says(message: str) -> WrapValidator:
+    """Any failure of the checks before this one is reported as `message` (the config's words,
+    not pydantic's); a message of a check of our own passes through."""
+
+    def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise _refuse(first["msg"] if first["type"] == "config" else message) from None
+
+    return WrapValidator(validate)
+
+
+def _check(ok: Callable[[Any], bool], message: str) -> AfterValidator:
+    """A check on the validated value."""
+
+    def validate(value: Any) -> Any:
+        if not ok(value):
+            raise _refuse(message)
+        return value
+
+    return AfterValidator(validate)
+
+
+def _duration(value: Any) -> float | None:
+    try:
+        return _seconds(value)
+    except ValueError as exc:
+        raise _refuse(str(exc)) from None
+
+
+def _grantable(scopes: list[str]) -> list[str]:
+    for scope in scopes:
+        if scope not in KEYLESS_ALLOWED:
+            raise _refuse(f"{scope!r} cannot be granted without a token; choose from {', '.join(KEYLESS_ALLOWED)}")
+    return [s for s in KEYLESS_ALLOWED if s in scopes]
+
+
+_WHOLE = "expected a positive whole number"
+Whole = Annotated[int, Strict(), Field(ge=1), _says(_WHOLE)]
+Port = Annotated[
+    int, Strict(), Field(ge=1), _says(_WHOLE), _check(lambda port: port <= 65535, "expected a port number up to 65535")
+]
+OptionalPort = Annotated[
+    Annotated[int, Strict(), Field(ge=1)] | None,
+    _says(_WHOLE),
+    _check(lambda port: port is None or port <= 65535, "expected a port number up to 65535"),
+]
+OptionalWhole = Annotated[Annotated[int, Strict(), Field(ge=1)] | None, _says(_WHOLE)]
+Layers = Annotated[Annotated[int, Strict(), Field(ge=0)] | None, _says(_WHOLE)]
+ContextCap = Annotated[
+    Annotated[int, Strict(), Field(ge=1)] | None, BeforeValidator(lambda v: None if v == "auto" else v), _says(_WHOLE)
+]
+Switch = Annotated[bool, Strict(), _says("expected true or false")]
+Duration = Annotated[float | None, PlainValidator(_duration)]  # None: never
+_FINITE = _check(lambda seconds: seconds is not None, "must be a finite duration")
+FiniteDuration = Annotated[float, PlainValidator(_duration), _FINITE]
+FiniteOrUnset = Annotated[float | None, PlainValidator(_duration), _FINITE]  # None only as a default, never written
+PositiveDuration = Annotated[
+    float, PlainValidator(_duration), _FINITE, _check(lambda s: s > 0, "must be a duration above zero")
+]
+Timeout = Annotated[float, PlainValidator(_duration), _check(lambda s: bool(s), "must be a positive, finite duration")]
+Folders = Annotated[
+    list[Path],
+    Strict(),
+    _says("expected a list of folder paths"),
+    AfterValidator(lambda ps: [p.expanduser() for p in ps]),
+]
+Origins = Annotated[
+    list[Annotated[str, Strict()]],
+    Strict(),
+    _says("expected a list of origins like 'http://localhost:3000'"),
+    AfterValidator(lambda origins: [o.rstrip("/") for o in origins]),
+]
+Scopes = Annotated[
+    list[Annotated[str, Strict()]],
+    Strict(),
+    _says("expected a list of scopes like ['models:read', 'responses:create']"),
+    AfterValidator(_grantable),
+]
+Loopback = Annotated[
+    Literal["127.0.0.1", "::1", "localhost"], _says("the service only binds loopback (127.0.0.1 or ::1)")
+]
+Aliases = Annotated[
+    dict[Annotated[str, Strict()], Annotated[str, Strict()]],
+    Strict(),
+    _says('expected a table of names to model ids, like "claude-sonnet-4-5" = "<model id>"'),
+]
+GpuUse = Annotated[Literal["auto", "off"], _says("expected 'auto' or 'off'")]
+AllocatorChoice = Annotated[Literal["auto", "system"], _says("expected 'auto' or 'system'")]
+GiB = Annotated[float, Strict(), Field(ge=0), _says("expected a size in GiB (0 turns the prompt cache off)")]
+Fraction = Annotated[float, Strict(), Field(gt=0, le=1), _says("expected a number in (0, 1]")]
+
+
+def _keep_alive_or_never(value: Any) -> float:
+    """A model's own keep-alive: seconds, `math.inf` for never (None stays free to mean "not set")."""
+    seconds = _duration(value)
+    return math.inf if seconds is None else seconds
+
+
+ModelKeepAlive = Annotated[float | None, PlainValidator(_keep_alive_or_never)]  # inf: never
+OptionalSwitch = Annotated[Annotated[bool, Strict()] | None, _says("expected true or false")]
+Temperature = Annotated[
+    Annotated[float, Strict(), Field(ge=0, le=2)] | None, _says("expected a number from 0 to 2 (0: greedy)")
+]
+TopK = Annotated[
+    Annotated[int, Strict(), Field(ge=0, le=2**31 - 1)] | None, _says("expected a whole number, 0 or more (0: off)")
+]
+UnitInterval = Annotated[Annotated[float, Strict(), Field(ge=0, le=1)] | None, _says("expected a number from 0 to 1")]
+RepeatPenalty = Annotated[
+    Annotated[float, Strict(), Field(gt=0, le=10)] | None, _says("expected a number above 0, up to 10 (1: off)")
+]
+Text = Annotated[Annotated[str, Strict()] | None, _says("expected a string")]
+ModelId = Annotated[
+    Annotated[str, Strict(), Field(min_length=1)] | None, _says("expected a model id (a non-empty string)")
+]
+
+# Every table of settings (this one, and nested ones to come) spells keys with - or _ alike,
+# refuses keys it does not know, and names a field by its own name in errors.
+TABLE = ConfigDict(
+    extra="forbid", alias_generator=lambda name: name.replace("_", "-"), populate_by_name=True, loc_by_alias=False
+)
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """One model's own settings (``[models."<id>"]`` in config.toml); each unset one (None) is the
+    service-wide setting or the built-in default. The load settings apply at the model's next load,
+    the sampling defaults and system prompt to each request that does not set its own."""
+
+    __pydantic_config__ = TABLE
+
+    context: OptionalWhole = None  # the window cap for this model (as `context_cap`)
+    keep_alive: ModelKeepAlive = None  # seconds idle before unloading; math.inf: never
+    parallel: OptionalWhole = None
+    gpu_layers: Layers = None
+    speculative: OptionalSwitch = None
+    temperature: Temperature = None
+    top_k: TopK = None
+    top_p: UnitInterval = None
+    min_p: UnitInterval = None
+    repeat_penalty: RepeatPenalty = None
+    system_prompt: Text = None  # a system message for requests that send none
+    draft: ModelId = None  # a smaller model of the same vocabulary that drafts for this one (from its next load)
+
+
+MODEL_SETTING_KEYS = tuple(f.name for f in dataclasses.fields(ModelSettings))
+
+
+def _tables(value: Any) -> Any:
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise _refuse('expected tables of settings per model, like [models."<model id>"] with context = 8192')
+    return value
+
+
+ModelTables = Annotated[dict[str, ModelSettings], BeforeValidator(_tables)]
 
 
 @dataclass
 class Config:
     """User settings. Defaults suit a desktop; every field can be set in config.toml."""
 
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
-    models_dirs: list[Path] = field(default_factory=list)
-    default_dirs: bool = True
-    context_cap: int | None = None  # None: each model's window is sized from memory (up to its trained length)
-    keep_alive: float | None = 300.0
-    gpu: str = "auto"  # "auto" | "off"
-    gpu_layers: int | None = None  # None: all layers that fit
-    threads: int | None = None  # None: physical cores
-    parallel: int | None = None  # sequences decoded together per model; None: from model and memory
-    max_queue: int = 16  # waiting requests per model before 429
-    speculative: bool = True  # speculative decoding from prompt lookup (exact; stops where it does not pay)
-    prompt_cache_gib: float = 4.0  # disk for saved conversation states (restored after unload/restart); 0: off
-    allocator: str = "auto"  # model processes' malloc: "auto" (jemalloc or tcmalloc where installed) | "system"
-    max_loaded_models: int = 3
-    memory_budget_fraction: float = 0.75  # of RAM (and VRAM) that loaded models may use
-    max_request_bytes: int = 8 * 1024 * 1024
-    request_head_timeout: float = 10.0  # a request line and headers must arrive within this
-    request_body_timeout: float = 60.0  # a request body must arrive within this
-    idle_timeout: float = 15.0  # a kept-alive connection with no request is closed after this
-    max_connections: int = 4096  # open connections (kept below the descriptor limit)
-    max_queued_tasks: int = 64  # a token's queued tasks before POST /tasks answers 429
-    max_grammar_bytes: int = 512 * 1024  # GBNF a request's schemas and tools may compile to (else 400)
-    event_retention: float = 86400.0  # a finished task's events (then 410 event_history_expired)
-    stored_response_ttl: float | None = None  # stored responses (`store: true`); None: until deleted
-    task_ttl: float | None = None  # finished tasks themselves; None: until deleted
-    housekeeping_interval: float | None = None  # None: from event_retention (1 s .. 10 min)
-    allowed_origins: list[str] = field(default_factory=list)
-    demo_model: bool = True  # assemble the embedded demo model when no other model exists
-    keyring_retry: float | None = 30.0  # after a keyring failure, try it again this often; None: never
+    __pydantic_config__ = TABLE
+
+    host: Loopback = "127.0.0.1"
+    port: Port = DEFAULT_PORT
+    models_dirs: Folders = field(default_factory=list)
+    default_dirs: Switch = True
+    context_cap: ContextCap = None  # None: each model's window is sized from memory (up to its trained length)
+    keep_alive: Duration = 300.0
+    gpu: GpuUse = "auto"  # "auto" | "off"
+    gpu_layers: Layers = None  # None: all layers that fit
+    threads: OptionalWhole = None  # None: physical cores
+    parallel: OptionalWhole = None  # sequences decoded together per model; None: from model and memory
+    max_queue: Whole = 16  # waiting requests per model before 429
+    speculative: Switch = True  # speculative decoding from prompt lookup (exact; stops where it does not pay)
+    prompt_cache_gib: GiB = 4.0  # disk for saved conversation states (restored after unload/restart); 0: off
+    # model processes' malloc: "auto" (jemalloc or tcmalloc where installed) | "system"
+    allocator: AllocatorChoice = "auto"
+    max_loaded_models: Whole = 3
+    memory_budget_fraction: Fraction = 0.75  # of RAM (and VRAM) that loaded models may use
+    max_request_bytes: Whole = 8 * 1024 * 1024
+    request_head_timeout: Timeout = 10.0  # a request line and headers must arrive within this
+    request_body_timeout: Timeout = 60.0  # a request body must arrive within this
+    idle_timeout: Timeout = 15.0  # a kept-alive connection with no request is closed after this
+    max_connections: Whole = 4096  # open connections (kept below the descriptor limit)
+    max_queued_tasks: Whole = 64  # a token's queued tasks before POST /tasks answers 429
+    max_grammar_bytes: Whole = 512 * 1024  # GBNF a request's schemas and tools may compile to (else 400)
+    event_retention: FiniteDuration = 86400.0  # a finished task's events (then 410 event_history_expired)
+    stored_response_ttl: Duration = None  # stored responses (`store: true`); None: until deleted
+    task_ttl: Duration = None  # finished tasks themselves; None: until deleted
+    housekeeping_interval: FiniteOrUnset = None  # None: from event_retention (1 s .. 10 min)
+    allowed_origins: Origins = field(default_factory=list)
+    demo_model: Switch = True  # assemble the embedded demo model when no other model exists
+    keyring_retry: Duration = 30.0  # after a keyring failure, try it again this often; None: never
     # Off by default: scopes granted to requests WITHOUT a valid token (apps that cannot send one),
     # e.g. ["models:read", "responses:create"]; only those in KEYLESS_ALLOWED. Every local process gets them.
-    keyless_scopes: list[str] = field(default_factory=list)
-    sse_keepalive: float = 15.0  # a silent event stream gets a keep-alive comment this often
+    keyless_scopes: Scopes = field(default_factory=list)
+    # Off by default: Prometheus (or any local process) may scrape GET /metrics without a token; it reads
+    # counts and model names only, never requests' contents. Otherwise /metrics needs `activity:read`.
+    metrics_keyless: Switch = False
+    sse_keepalive: PositiveDuration = 15.0  # a silent event stream gets a keep-alive comment this often
+    # [model_aliases]: names apps ask for mapped to local model ids, e.g. "claude-sonnet-4-5" = "gemma-3:270m-q4_k_m"
+    model_aliases: Aliases = field(default_factory=dict)
+    ollama_port: OptionalPort = None  # a second loopback listener for Ollama's apps (e.g. 11434); None: off
+    # [models."<id>"]: one model's own settings (`ModelSettings`), keyed by model id
+    models: ModelTables = field(default_factory=dict)
 
     def with_overrides(self, **overrides: Any) -> Config:
         """A copy with the non-None overrides applied (command-line options)."""
         clean = {k: v for k, v in overrides.items() if v is not None}
         return dataclasses.replace(self, **clean)
-
-
-_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
-_FINITE_DURATIONS = ("request_head_timeout", "request_body_timeout", "idle_timeout")
 
 
 def load_config(paths: Paths) -> Config:
@@ -191,93 +397,43 @@ def load_config(paths: Paths) -> Config:
     return config_from_mapping(raw, source=str(path))
 
 
+SCHEMA: TypeAdapter[Config] = TypeAdapter(Config)
+
+
 def config_from_mapping(raw: Mapping[str, Any], *, source: str = "config") -> Config:
-    values: dict[str, Any] = {}
-    for key, value in raw.items():
-        name = key.replace("-", "_")
-        if name not in _FIELDS:
-            raise ConfigError(f"{source}: unknown setting {key!r}{_did_you_mean(name)}")
-        values[name] = _coerce(name, value, source)
-    return Config(**values)
+    """`Config` from config.toml's table (or the settings form's changes); the first setting that
+    breaks its rule, in the order written, is a `ConfigError` naming it."""
+    try:
+        return SCHEMA.validate_python(dict(raw))
+    except ValidationError as exc:
+        written = {name: i for i, key in enumerate(raw) for name in (key, key.replace("-", "_"))}
+        first = min(exc.errors(), key=lambda e: written.get(str(e["loc"][0]), len(raw)) if e["loc"] else len(raw))
+        raise _config_error(first, source) from None
 
 
-def _did_you_mean(name: str) -> str:
+def _config_error(error: ErrorDetails, source: str) -> ConfigError:
+    head, *rest = error["loc"] or ("",)
+    where = ".".join([str(head), *(_toml_key(part) for part in rest)])
+    if error["type"] != "unexpected_keyword_argument":
+        detail = f"{where}: {error['msg']}"
+    else:
+        known = [f.name for f in dataclasses.fields(Config if not rest else ModelSettings)]
+        hint = _did_you_mean(str(error["loc"][-1]).replace("-", "_"), known) if len(rest) in (0, 2) else ""
+        detail = f"unknown setting {where!r}{hint}"
+    return ConfigError(f"{source}: {detail}", setting=where, detail=detail)
+
+
+def _toml_key(part: str | int) -> str:
+    """One part of a dotted key as TOML writes it: bare where it can be, else quoted."""
+    text = str(part)
+    return text if re.fullmatch(r"[A-Za-z0-9_-]+", text) else json.dumps(text)
+
+
+def _did_you_mean(name: str, known: list[str]) -> str:
     """ "; did you mean 'models_dirs'?" for a near miss of a known setting, else a pointer to the list."""
     import difflib
 
-    close = difflib.get_close_matches(name, list(_FIELDS), n=1, cutoff=0.6)
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     if close:
         return f"; did you mean {close[0]!r}?"
-    return "; the settings are listed in README.md under 'Files and configuration'"
-
-
-def _coerce(name: str, value: Any, source: str) -> Any:
-    where = f"{source}: {name}"
-    if name in {
-        "keep_alive",
-        "event_retention",
-        "stored_response_ttl",
-        "task_ttl",
-        "housekeeping_interval",
-        "keyring_retry",
-        "sse_keepalive",
-        *_FINITE_DURATIONS,
-    }:
-        seconds = parse_duration(value, name=where)
-        if name in {"event_retention", "housekeeping_interval", "sse_keepalive"} and seconds is None:
-            raise ConfigError(f"{where}: must be a finite duration")
-        if name == "sse_keepalive" and seconds is not None and seconds <= 0:
-            raise ConfigError(f"{where}: must be a duration above zero")
-        if name in _FINITE_DURATIONS and not seconds:
-            raise ConfigError(f"{where}: must be a positive, finite duration")
-        return seconds
-    if name == "models_dirs":
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{where}: expected a list of folder paths")
-        return [Path(v).expanduser() for v in value]
-    if name == "allowed_origins":
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{where}: expected a list of origins like 'http://localhost:3000'")
-        return [v.rstrip("/") for v in value]
-    if name == "keyless_scopes":
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{where}: expected a list of scopes like ['models:read', 'responses:create']")
-        for scope in value:
-            if scope not in KEYLESS_ALLOWED:
-                raise ConfigError(
-                    f"{where}: {scope!r} cannot be granted without a token; choose from {', '.join(KEYLESS_ALLOWED)}"
-                )
-        return [s for s in KEYLESS_ALLOWED if s in value]
-    if name == "gpu":
-        if not isinstance(value, str) or value not in {"auto", "off"}:
-            raise ConfigError(f"{where}: expected 'auto' or 'off'")
-        return value
-    if name == "allocator":
-        if not isinstance(value, str) or value not in {"auto", "system"}:
-            raise ConfigError(f"{where}: expected 'auto' or 'system'")
-        return value
-    if name in {"default_dirs", "demo_model", "speculative"}:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true or false")
-        return value
-    if name == "prompt_cache_gib":
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-            raise ConfigError(f"{where}: expected a size in GiB (0 turns the prompt cache off)")
-        return float(value)
-    if name == "memory_budget_fraction":
-        if not isinstance(value, (int, float)) or not 0 < value <= 1:
-            raise ConfigError(f"{where}: expected a number in (0, 1]")
-        return float(value)
-    if name == "host":
-        if not isinstance(value, str) or value not in {"127.0.0.1", "::1", "localhost"}:
-            raise ConfigError(f"{where}: the service only binds loopback (127.0.0.1 or ::1)")
-        return value
-    if name in {"gpu_layers", "threads", "parallel", "context_cap"} and value is None:
-        return None
-    if name == "context_cap" and value == "auto":
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "gpu_layers" else 1):
-        raise ConfigError(f"{where}: expected a positive whole number")
-    if name == "port" and value > 65535:
-        raise ConfigError(f"{where}: expected a port number up to 65535")
-    return value
+    return "; the settings are listed in docs/configuration.md"

@@ -11,13 +11,13 @@ One call does the whole flow an app needs::
 
 `connect` finds the running service (the discovery file `service.json` of
 this user's lmsp-tray, else the default port 7373 on loopback; `url=` or
-`LMSP_TRAY_URL` to point elsewhere). If the OS keyring holds a token for the
-app (service: the app's name, user: ``lmsp-tray``) and the service still
-accepts it, that token is used. Otherwise it asks to pair (``POST
-/lmsp/v1/auth/pairings``), shows the user code (`on_code`; by default a line
-on stderr), and waits while the person approves it in the tray or with
-``lmsp-tray tokens approve CODE``; the new token goes into the keyring under
-the app's name, so the next run reuses it, and a token revoked since then
+`LMSP_TRAY_URL` to point elsewhere on loopback — any other host is refused).
+If the OS keyring holds a token for the app (service: the app's name, user:
+``lmsp-tray``) and the service still accepts it, that token is used.
+Otherwise it asks to pair (``POST /lmsp/v1/auth/pairings``), shows the user
+code (`on_code`; by default a line on stderr), and waits while the person
+approves it in the tray or with ``lmsp-tray tokens approve CODE``; the new
+token goes into the keyring under the app's name, so the next run reuses it, and a token revoked since then
 makes it pair again. A token is checked with ``GET /lmsp/v1/auth/tokens``
 (401: unknown or revoked; 403: valid — an endpoint `keyless_scopes` never
 opens, so a service that lets token-less apps in cannot make a revoked token
@@ -25,7 +25,8 @@ look valid); a token that lacks a scope the app needs now is not noticed
 (call `forget` and connect again).
 
 This module is a client: it imports nothing of the service (no llama.cpp,
-Starlette or tray) and talks to it over HTTP with the standard library.
+Starlette or tray) and talks to it over HTTP through `lmsp_tray.client`
+(standard library only; loopback URLs only, never through a proxy).
 Without a working keyring the pairing still succeeds and the token is
 returned, but it cannot be kept (`Connection.stored` is False): the next run
 pairs again.
@@ -33,25 +34,22 @@ pairs again.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from lmsp_tray.auth.vault import KeyringUnavailable, SecretVault
-from lmsp_tray.config import DEFAULT_PORT, resolve_paths
-from lmsp_tray.instance import find_running
+from lmsp_tray.client import finding, loopback
+from lmsp_tray.config import DEFAULT_PORT
 
 DEFAULT_SCOPES = ("models:read", "responses:create")
 KEYRING_USER = "lmsp-tray"  # the keyring entry's user name; its service is the app's name
 URL_ENV = "LMSP_TRAY_URL"
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
-API = "/lmsp/v1"
+API = finding.API
 
 
 class ConnectError(Exception):
@@ -123,22 +121,8 @@ def _request(
     method: str, url: str, body: Mapping[str, Any] | None = None, token: str | None = None, timeout: float = 10.0
 ) -> tuple[int, Any]:
     """(status, decoded JSON body or None); a connection failure raises OSError."""
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        request.add_header("Content-Type", "application/json")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
-    try:
-        with opener.open(request, timeout=timeout) as reply:  # a loopback URL
-            status, raw = reply.status, reply.read()
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read()
-    try:
-        return status, json.loads(raw) if raw else None
-    except ValueError:
-        return status, None
+    reply = loopback.request(method, url, body, token=token, timeout=timeout)
+    return reply.status, reply.doc()
 
 
 def _detail(doc: Any) -> str:
@@ -147,43 +131,18 @@ def _detail(doc: Any) -> str:
     return "no details"
 
 
-def _root(url: str) -> str:
-    url = url.rstrip("/")
-    for suffix in (API, "/v1"):
-        if url.endswith(suffix):
-            return url[: -len(suffix)]
-    return url
-
-
-def _answers(root: str, timeout: float) -> bool:
-    try:
-        status, doc = _request("GET", root + API, timeout=timeout)
-    except OSError:
-        return False
-    return status == 200 and isinstance(doc, dict) and doc.get("object") == "service"
-
-
 def find_service(url: str | None = None, *, timeout: float = 2.0) -> str:
     """The running service's root URL: `url` (or `LMSP_TRAY_URL`) if given, else the one this user's
     lmsp-tray announces in its discovery file, else the default port on loopback."""
-    given = url or os.environ.get(URL_ENV)
-    candidates = [_root(given)] if given else []
-    if not given:
-        try:
-            running = find_running(resolve_paths(), timeout=timeout)
-        except OSError:
-            running = None
-        if running is not None:
-            return _root(running.url)
-        candidates.append(DEFAULT_URL)
-    for root in candidates:
-        if _answers(root, timeout):
-            return root
-    where = candidates[0]
-    raise ServiceNotFound(
-        f"lmsp-tray is not running (nothing answers at {where}). Start it (run `lmsp-tray`, or from your "
-        f"applications menu) and try again."
-    )
+    try:
+        return finding.find_root(url or os.environ.get(URL_ENV), default_url=DEFAULT_URL, timeout=timeout)
+    except loopback.NotLoopback as exc:
+        raise ConnectError(f"lmsp-tray: {exc}.") from None
+    except finding.NothingAnswers as exc:
+        raise ServiceNotFound(
+            f"lmsp-tray is not running (nothing answers at {exc.where}). Start it (run `lmsp-tray`, or from "
+            "your applications menu) and try again."
+        ) from None
 
 
 # -- the keyring -----------------------------------------------------------------------------------

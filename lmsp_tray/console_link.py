@@ -23,6 +23,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from lmsp_tray.config import Paths
+from lmsp_tray.display import display_available
+from lmsp_tray.private import write_private
 
 REDIRECT_FILE = "console-open.html"
 SANDBOXED_APP_DIRS = ("/var/lib/snapd/desktop/applications", "/var/lib/flatpak/exports", "/.local/share/flatpak")
@@ -48,11 +50,7 @@ def write_redirect(paths: Paths, url: str) -> Path:
     folder = paths.runtime_dir
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     target = folder / REDIRECT_FILE
-    tmp = target.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(redirect_page(url))
-    os.replace(tmp, target)
+    write_private(target, redirect_page(url))
     return target
 
 
@@ -86,18 +84,17 @@ def default_browser_sandboxed(
     return "_" in desktop_id.removesuffix(".desktop")  # snap ids: <snap>_<app>.desktop
 
 
-def display_available(environ: Mapping[str, str] | None = None) -> bool:
+def browser_possible(environ: Mapping[str, str] | None = None) -> bool:
+    """A graphical session, or a `BROWSER` set (which may be a text-mode browser in this terminal)."""
     env = os.environ if environ is None else environ
-    if sys.platform in ("darwin", "win32", "cygwin"):
-        return True
-    return bool(env.get("DISPLAY") or env.get("WAYLAND_DISPLAY") or env.get("BROWSER"))
+    return display_available(env) or bool(env.get("BROWSER"))
 
 
 def open_in_browser(paths: Paths, url: str, *, opener: Callable[[str], bool] = webbrowser.open) -> str:
     """Open `url` in the default browser; returns what was opened (the redirect file's URI, or the URL).
 
     Raises `BrowserUnavailable` when there is no display or no browser; the caller then shows the URL."""
-    if not display_available():
+    if not browser_possible():
         raise BrowserUnavailable("there is no display to open a browser on")
     target = url if default_browser_sandboxed() else write_redirect(paths, url).as_uri()
     if not opener(target):

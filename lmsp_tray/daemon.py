@@ -1,7 +1,8 @@
 """The composition root: builds every part, serves the API, and shuts down cleanly.
 
-Nothing else in the package constructs long-lived objects. `Daemon` builds
-the llama.cpp runtime, the catalog, the model manager and the service from
+Nothing else in the package constructs long-lived objects. `Daemon` asks
+once what llama.cpp sees (`engine.devices.probe`, a short-lived process: this
+one never loads llama.cpp), builds the model manager and the service from
 `Paths` and `Config`, opens the store (token metadata; its housekeeper
 writes token last-used times), makes sure an owner token exists (`auth`:
 tokens and pairings, also used by the tray), runs uvicorn on loopback (in the foreground for
@@ -55,15 +56,19 @@ from lmsp_tray.config import Config, Paths
 from lmsp_tray.discovery.catalog import Catalog
 from lmsp_tray.discovery.sources import default_sources, huggingface_hub_dir
 from lmsp_tray.discovery.watch import FolderWatcher
+from lmsp_tray.engine.devices import Devices, physical_cores, probe
 from lmsp_tray.engine.load_plan import MAX_DEFAULT_PARALLEL, LoadOptions
 from lmsp_tray.engine.manager import DEFAULT, MemoryBudget, ModelManager, gpu_free
-from lmsp_tray.engine.runtime import Runtime, physical_cores
 from lmsp_tray.http.app import create_app
+from lmsp_tray.http.body_parser import BodyParser
 from lmsp_tray.http.connections import ConnectionLimits, descriptor_budget, guarded_protocol
 from lmsp_tray.http.console_routes import CONSOLE_PATH, ConsoleParts
+from lmsp_tray.http.model_routes import ModelParts
 from lmsp_tray.http.security import MAX_HEADER_BYTES
 from lmsp_tray.hub.fit import Machine
+from lmsp_tray.hub.owned import Ledger
 from lmsp_tray.hub.pull import Puller
+from lmsp_tray.hub.search import HubSearch
 from lmsp_tray.instance import (
     SERVICE,
     InstanceBusy,
@@ -77,6 +82,8 @@ from lmsp_tray.protocol.downloads import KIND as DOWNLOAD_KIND
 from lmsp_tray.serving.activity import ActivityLog, LogBuffer, Sampler, watch_service
 from lmsp_tray.serving.conversations import Conversations
 from lmsp_tray.serving.downloads import DownloadTasks
+from lmsp_tray.serving.model_removal import ModelRemover
+from lmsp_tray.serving.model_settings import ModelSettingsEditor, model_loads
 from lmsp_tray.serving.recovery import recover
 from lmsp_tray.serving.replay import Idempotency
 from lmsp_tray.serving.responder import Responder
@@ -105,7 +112,7 @@ def build_catalog(paths: Paths, config: Config) -> Catalog:
     return Catalog.from_config(paths, config)
 
 
-def load_options(config: Config, runtime: Runtime, paths: Paths | None = None) -> LoadOptions:
+def load_options(config: Config, devices: Devices, paths: Paths | None = None) -> LoadOptions:
     """How models load; with `paths`, their prompt cache goes under the cache folder (if turned on)."""
     cache = paths is not None and config.prompt_cache_gib > 0
     return LoadOptions(
@@ -123,6 +130,11 @@ def load_options(config: Config, runtime: Runtime, paths: Paths | None = None) -
     )
 
 
+def downloads_ledger(paths: Paths) -> Path:
+    """Where pulls record what they put in the Hugging Face cache (`hub.owned`): what may be deleted."""
+    return paths.data_dir / "downloads.json"
+
+
 def _total_ram() -> int | None:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -136,10 +148,10 @@ def kv_budget(config: Config) -> int | None:
     return None if total is None else int(total * config.memory_budget_fraction / 4)
 
 
-def memory_budget(config: Config, runtime: Runtime) -> MemoryBudget:
+def memory_budget(config: Config, devices: Devices) -> MemoryBudget:
     """At most `max_loaded_models`, within a share of RAM (and of VRAM when a GPU is used)."""
     total = _total_ram()
-    vram = sum(d.total_bytes for d in runtime.devices)
+    vram = devices.gpu_total_bytes
     return MemoryBudget(
         max_models=config.max_loaded_models,
         ram_bytes=None if total is None else int(total * config.memory_budget_fraction),
@@ -192,20 +204,25 @@ class Daemon:
         lock: InstanceLock | None = None,
         login_item: LoginItem | None = None,
         reveal: Callable[[Path], object] | None = None,
+        devices: Devices | None = None,
     ) -> None:
         """`login_item` (start at login) and `reveal` (show a folder in the file manager) come from
-        the desktop layer when there is one; the console's settings and "open folder" use them."""
+        the desktop layer when there is one; the console's settings and "open folder" use them.
+        `devices`: what llama.cpp sees, when already known (None: ask the device probe)."""
         self.paths = paths
         self.config = config
         self.catalog = catalog
         # One instance per home: the lock (the CLI's, taken earlier, or our own) before the database.
         self.lock = lock if lock is not None else claim(paths)
-        self.runtime = Runtime()
+        # What llama.cpp sees, asked once of a short-lived process: this one never loads llama.cpp.
+        self.devices = devices if devices is not None else probe()
         self.models = ModelManager(
-            self.runtime,
-            load_options(config, self.runtime, paths),
-            budget=memory_budget(config, self.runtime),
+            self.devices,
+            load_options(config, self.devices, paths),
+            budget=memory_budget(config, self.devices),
             keep_alive=config.keep_alive,
+            per_model=model_loads(config.models),
+            find=catalog.resolve,  # the draft models the per-model settings name
         )
         self.service = Service(
             config=config,
@@ -213,6 +230,15 @@ class Daemon:
             models=self.models,
             capabilities=Capabilities((*Capabilities().names, "conversations")),
         )
+        self.ledger = Ledger(downloads_ledger(paths))
+        self.remover = ModelRemover(
+            self.models,
+            models_dir=paths.models_dir,
+            hf_cache=huggingface_hub_dir(os.environ, Path.home()),
+            ledger=self.ledger,
+            rescan=lambda: self.watcher.rescan(),
+        )
+        self.service.removal = self.remover
         self.store_settings = settings = StoreSettings.from_config(config)
         try:
             # A damaged database is moved aside (never deleted) and a new one opened: `store_set_aside`
@@ -268,6 +294,8 @@ class Daemon:
         self._log_buffer = LogBuffer(self.activity)
         self._sampler = Sampler(self.activity)
         self.settings = Settings(paths, self._running_config, apply=self.apply_settings, login_item=login_item)
+        self.model_settings = ModelSettingsEditor(self.settings, apply=self.apply_settings)
+        self.bodies = BodyParser()  # big request bodies are parsed in its worker process (closed in _serve)
         self.app = create_app(
             self.service,
             self.auth,
@@ -275,12 +303,18 @@ class Daemon:
             conversations=self.conversations,
             tasks=self.tasks,
             downloads=self.downloads,
-            console=ConsoleParts(self.console_access, self.activity, self.settings, reveal),
+            console=ConsoleParts(self.console_access, self.activity, self.settings, reveal, self._store_bytes),
+            models=ModelParts(
+                settings=self.model_settings, remover=self.remover, search=HubSearch(self.downloads.puller)
+            ),
+            bodies=self.bodies,
         )
         self.watcher = FolderWatcher(catalog)
         self.watcher.subscribe(self._models_changed)
         self.url: str | None = None
         self.port: int | None = None  # the port bound (config.port, or a free one for port 0)
+        self.ollama_url: str | None = None  # the second listener for Ollama's apps, when `ollama_port` got it
+        self.ollama_refused: str | None = None  # why `ollama_port` was not used (taken), for the person
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -294,18 +328,19 @@ class Daemon:
         guard = getattr(catalog, "holding_scans", None)
         return Puller(
             huggingface_hub_dir(os.environ, Path.home()),
-            options=load_options(self.config, self.runtime),
+            options=load_options(self.config, self.devices),
             machine=self._machine,
+            ledger=self.ledger,
             **({"publish_guard": guard} if guard is not None else {}),
         )
 
     def _machine(self) -> Machine:
-        budget = memory_budget(self.config, self.runtime)
-        gpu = self.config.gpu != "off" and self.runtime.has_gpu
+        budget = memory_budget(self.config, self.devices)
+        gpu = self.config.gpu != "off" and self.devices.has_gpu
         return Machine(
             ram_budget=budget.ram_bytes,
             vram_budget=budget.vram_bytes,
-            gpu_free=gpu_free(self.runtime) if gpu else None,
+            gpu_free=gpu_free(self.devices) if gpu else None,
             cores=physical_cores(),
             ram_total=_total_ram(),
         )
@@ -340,6 +375,11 @@ class Daemon:
         """The configuration in effect, with the port actually bound."""
         return dataclasses.replace(self.config, port=self.port or self.config.port)
 
+    def _store_bytes(self) -> int:
+        """The database's files on disk (with its write-ahead log)."""
+        files = [self.paths.database.with_name(self.paths.database.name + s) for s in ("", "-wal", "-shm")]
+        return sum(f.stat().st_size for f in files if f.exists())
+
     def _models_bytes(self) -> int:
         """Memory the loaded models take by their load plans (weights, KV cache, buffers; RAM and VRAM)."""
         return sum(m.plan.ram_bytes + m.plan.vram_bytes for m in self.models.loaded())
@@ -353,9 +393,10 @@ class Daemon:
             self.catalog.replace_sources(default_sources(self.paths, config))
             self.watcher.rescan()
         self.models.reconfigure(
-            load_options(config, self.runtime, self.paths),
-            memory_budget(config, self.runtime),
+            load_options(config, self.devices, self.paths),
+            memory_budget(config, self.devices),
             keep_alive=config.keep_alive if "keep_alive" in values else DEFAULT,
+            per_model=model_loads(config.models),
         )
         log.info("settings changed: %s", ", ".join(sorted(values)))
 
@@ -386,6 +427,14 @@ class Daemon:
 
     def bind(self, port: int | None = None) -> socket.socket:
         """Bind the loopback socket (port 0 picks a free one)."""
+        sock, host = self._loopback_socket(self.config.port if port is None else port)
+        bound_port = self.port = sock.getsockname()[1]
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{bound_port}/lmsp/v1"
+        return sock
+
+    def _loopback_socket(self, port: int) -> tuple[socket.socket, str]:
+        """A listening, non-blocking TCP socket on the configured loopback address, and that address."""
         host = self.config.host if self.config.host != "localhost" else "127.0.0.1"
         if host not in ("127.0.0.1", "::1"):
             raise OSError(f"refusing to listen on {host}: lmsp-tray binds loopback only")
@@ -397,16 +446,34 @@ class Daemon:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            sock.bind((host, self.config.port if port is None else port))
+            sock.bind((host, port))
         except OSError:
             sock.close()
             raise
         sock.listen(128)
         sock.setblocking(False)
-        bound_port = self.port = sock.getsockname()[1]
-        shown = f"[{host}]" if family == socket.AF_INET6 else host
-        self.url = f"http://{shown}:{bound_port}/lmsp/v1"
-        return sock
+        return sock, host
+
+    def _ollama_sockets(self) -> list[socket.socket]:
+        """The opt-in second listener for Ollama's apps (`ollama_port`): the same app on Ollama's port, only
+        when that port is free — a running Ollama keeps it, and the person is told where the API is instead."""
+        port = self.config.ollama_port
+        if not port:
+            return []
+        try:
+            sock, host = self._loopback_socket(port)
+        except OSError as exc:
+            self.ollama_refused = (
+                f"Port {port} (ollama_port) is taken ({exc.strerror or exc}; perhaps Ollama itself is running): it "
+                f"is left alone, and the Ollama-compatible API stays at {(self.url or '').removesuffix('/lmsp/v1')} "
+                "on this service's own port."
+            )
+            log.warning("%s", self.ollama_refused)
+            return []
+        shown = f"[{host}]" if ":" in host else host
+        self.ollama_url = f"http://{shown}:{sock.getsockname()[1]}"
+        log.info("serving the Ollama-compatible API on %s too (ollama_port)", self.ollama_url)
+        return [sock]
 
     async def _serve(self, sock: socket.socket) -> None:
         self._loop = asyncio.get_running_loop()
@@ -414,7 +481,7 @@ class Daemon:
         self._server = server
         self.tasks.resume(self._queued)  # tasks left queued by the last run start with the server
         self.downloads.resume(self._queued_downloads)
-        serve_task = asyncio.ensure_future(server.serve(sockets=[sock]))
+        serve_task = asyncio.ensure_future(server.serve(sockets=[sock, *self._ollama_sockets()]))
         while not server.started and not serve_task.done():
             await asyncio.sleep(0.01)
         if server.started and self.url:
@@ -436,6 +503,7 @@ class Daemon:
             # and calls waiting on a model (tokenizing a huge input) fail now instead of holding the
             # executor that asyncio.run waits for.
             await asyncio.to_thread(self.models.close)
+            await asyncio.to_thread(self.bodies.close)
 
     def serve_forever(self, sock: socket.socket) -> None:
         """Serve in the foreground until SIGTERM/SIGINT (headless mode)."""
@@ -533,7 +601,7 @@ class Daemon:
         logging.getLogger("lmsp_tray").removeHandler(self._log_buffer)
         self.watcher.stop()
         self.models.close()
-        self.runtime.close()
+        self.bodies.close()
         self.housekeeper.stop()
         self.db.close()  # commits whatever is still queued
         self.lock.release()  # last: a new instance may open the database now

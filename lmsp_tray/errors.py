@@ -162,6 +162,10 @@ class PayloadTooLarge(LMSPError):
     code, status, title = "payload_too_large", 413, "Payload too large"
 
 
+class UriTooLong(LMSPError):
+    code, status, title = "uri_too_long", 414, "URI too long"
+
+
 class IdempotencyKeyReused(LMSPError):
     code, status, title = "idempotency_key_reused", 422, "Idempotency key reused"
 
@@ -198,7 +202,7 @@ class InsufficientMemory(LMSPError):
 
 
 class InsufficientStorage(LMSPError):
-    """The disk holding the service's data is full: what was asked to be kept was not."""
+    """A disk is full: what was asked to be kept (the service's data, a download) was not, or would not fit."""
 
     code, status, title = "insufficient_storage", 507, "Insufficient storage"
 

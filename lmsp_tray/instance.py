@@ -14,7 +14,9 @@ llama.cpp.
   bound the URL and the runtime folder (where the discovery file and, without a keyring, the
   owner token file are). It is advisory; the lock is the truth.
 - **`service.json`** (the discovery file, 0600) in the runtime folder is the public contract for
-  apps: written once the socket is bound, removed on a clean exit.
+  apps: written once the socket is bound, removed on a clean exit. Whether the service these files
+  name answers is asked over HTTP by `lmsp_tray.client.finding`, not here: this module only
+  reads and writes files, locks and signals.
 - **Show yourself**: `ask_to_show` sends `SHOW_SIGNAL` (SIGUSR1) to the holder; `ShowRequests`
   is the receiving end, installed right after the lock is taken (before the pid is published, so
   the signal never meets its default action, which would end the process). The tray sets what a
@@ -33,7 +35,6 @@ import signal
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ from typing import IO, Any, Self
 
 from lmsp_tray import __version__
 from lmsp_tray.config import Paths
+from lmsp_tray.private import write_private
 
 log = logging.getLogger("lmsp_tray.instance")
 
@@ -237,50 +239,21 @@ def lock_is_held(paths: Paths) -> bool:
 
 def _write_private_json(path: Path, doc: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(doc, fh)
-    os.replace(tmp, path)
+    write_private(path, json.dumps(doc))
 
 
-# -- finding it over HTTP ---------------------------------------------------------------------------
+def wait_for_url(paths: Paths, holder: InstanceInfo, wait_s: float) -> InstanceInfo:
+    """`holder` as it is once it publishes its URL (a starting service binds its socket first), or
+    after `wait_s` seconds, or once it ends: whichever comes first (then `url` may still be None)."""
+    deadline = time.monotonic() + wait_s
+    info = holder
+    while info.url is None and time.monotonic() < deadline and info.alive:
+        time.sleep(0.1)
+        info = read_info(paths) or info
+    return info
 
 
-@dataclass(frozen=True)
-class RunningInstance:
-    url: str
-    pid: int
-
-
-def answers(url: str, timeout: float = 1.0) -> bool:
-    """Whether an lmsp-tray service document is served at `url`."""
-    try:
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
-        with opener.open(url, timeout=timeout) as reply:  # a loopback URL we wrote
-            doc = json.loads(reply.read())
-        return isinstance(doc, dict) and doc.get("object") == "service"
-    except (OSError, ValueError):
-        return False
-
-
-def find_running(paths: Paths, timeout: float = 1.0) -> RunningInstance | None:
-    """The live instance for this home, if it answers: through `instance.json`, else the discovery file."""
-    candidates: list[tuple[str, int]] = []
-    info = read_info(paths)
-    if info is not None and info.role == SERVICE and info.url:
-        candidates.append((info.url, info.pid))
-    try:
-        doc = json.loads(paths.discovery_file.read_text(encoding="utf-8"))
-        candidates.append((str(doc["url"]), int(doc["pid"])))
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    for url, pid in dict.fromkeys(candidates):
-        if pid != os.getpid() and not pid_alive(pid):
-            continue
-        if answers(url, timeout):
-            return RunningInstance(url, pid)
-    return None
+# -- the discovery file -----------------------------------------------------------------------------
 
 
 def write_discovery_file(paths: Paths, url: str, owner_token_id: str | None) -> None:

@@ -5,12 +5,17 @@ created with these modes and chmod-ed after (a umask can only take bits away, an
 could take the owner's too), and an existing install is tightened when the service starts
 (`Paths.ensure` calls `tighten`). On Windows the user's profile folder already keeps others
 out, and chmod cannot say more, so these are no-ops there.
+
+`write_private` is the one atomic file writer (`instance.json`, `service.json`, the owner
+token file, the console's redirect page, `config.toml`; the login item with its own mode): a
+reader sees the old file or the new one, whole, however many processes write it at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -43,6 +48,35 @@ def private_opener(path: str, flags: int) -> int:
         with contextlib.suppress(OSError):
             os.fchmod(fd, PRIVATE_FILE)
     return fd
+
+
+def write_private(path: Path, data: bytes | str, *, mode: int = PRIVATE_FILE) -> None:
+    """Replace `path` with `data` (str: UTF-8) in one rename, the file left `mode` (0600 unless told).
+
+    The temporary file beside it has a name no other writer uses (pid and a random part) and is
+    made with O_EXCL|O_NOFOLLOW: two writers at once (two `lmsp-tray open`, two threads) never
+    truncate or move each other's half-written file, and a link planted at that name is never
+    followed. A failure removes the temporary file and raises the OSError.
+    """
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+    while True:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+        try:
+            fd = os.open(tmp, flags, mode)
+        except FileExistsError:  # a name taken (by chance, or planted): draw another
+            continue
+        break
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            if POSIX:
+                os.fchmod(fh.fileno(), mode)  # the umask took bits at creation; the mode asked for is the one kept
+            fh.write(raw)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def tighten(files: Iterable[Path]) -> None:

@@ -1,6 +1,6 @@
 """A model process whose llama.cpp aborts on its first job, the way a failed GGML_ASSERT does.
 
-The real worker (`lmsp_tray.engine.worker`) with one change: submitting a job
+The real worker (`lmsp_tray.runner.worker`) with one change: submitting a job
 calls ggml's own `ggml_abort` (what every `GGML_ASSERT` ends in: it prints the
 failed assertion to stderr and aborts the process). Used by test_model_process.py.
 """
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import llama_cpp
 
-from lmsp_tray.engine import model as model_module
-from lmsp_tray.engine import worker
+from lmsp_tray.runner import model as model_module
+from lmsp_tray.runner import worker
 
 
 def submit(self, job) -> None:

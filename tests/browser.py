@@ -9,12 +9,14 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from support import ROOT, LiveDaemon
 
-ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts" / "console"
 WIDE = {"width": 1280, "height": 800}
 NARROW = {"width": 400, "height": 800}
@@ -42,6 +44,33 @@ def browser() -> Iterator[Any]:
             yield b
         finally:
             b.close()
+
+
+@dataclass
+class Console:
+    live: LiveDaemon
+    context: Any
+    page: Any
+    errors: list[str] = field(default_factory=list)
+
+    def view(self, name: str) -> None:
+        self.page.click(f"#nav a[data-view={name}]")
+        self.page.wait_for_selector(f"#view-{name}:not([hidden])")
+
+    def api(self, token: str | None = None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token or self.live.owner_token}"}
+        return httpx.Client(base_url=self.live.url, headers=headers, timeout=60)
+
+
+def open_console(live: LiveDaemon, browser: Any, viewport: dict[str, int] = WIDE) -> Console:
+    context = browser.new_context(viewport=viewport)
+    page = context.new_page()
+    console = Console(live, context, page)
+    page.on("pageerror", lambda e: console.errors.append(f"page error: {e}"))
+    page.on("console", lambda m: console.errors.append(m.text) if "Content Security Policy" in m.text else None)
+    page.goto(live.daemon.console_link())
+    page.wait_for_selector("#nav:not([hidden])")
+    return console
 
 
 def screenshot(page: Any, name: str) -> Path:

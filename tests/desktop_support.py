@@ -5,6 +5,8 @@
 - `DBusFake`: runs `tests/dbus_fakes.py` on that bus as a child process — a StatusNotifierWatcher
   (with or without a host) or an org.freedesktop.FileManager1 — recording the calls it gets.
 - `lmsp_env`: the environment for a real `lmsp-tray` process in a temporary home.
+- `tray_notices`: the tray's notification code (`Notices` over the real `Notifier`) sending to the
+  test notification server on a bus of its own, for code that notifies through `TrayApp.notify`.
 
 The notification server is `tests/notify_server.py` (`NotifyServer`).
 """
@@ -16,13 +18,13 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Self
+from types import SimpleNamespace
+from typing import Any, Self
 
-from support import wait_until
-
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+from support import ROOT, TESTS, wait_until
 
 
 def dbus_missing() -> str | None:
@@ -69,6 +71,8 @@ class PrivateBus:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()  # the address pipe (a ResourceWarning if left to the collector)
 
     def __enter__(self) -> Self:
         return self
@@ -84,7 +88,7 @@ class DBusFake:
         self.out = out
         env = {"DBUS_SESSION_BUS_ADDRESS": address, "PATH": "/usr/bin:/bin", "NO_AT_BRIDGE": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "dbus_fakes.py"), kind, str(out), *args],
+            [sys.executable, str(TESTS / "dbus_fakes.py"), kind, str(out), *args],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -160,3 +164,22 @@ def log_text(tmp_path: Path) -> str:
         return (tmp_path / "lmsp" / "cache" / "logs" / "lmsp-tray.log").read_text(encoding="utf-8")
     except OSError:
         return ""
+
+
+@contextmanager
+def tray_notices(out: Path) -> Iterator[tuple[Any, Any]]:
+    """(app, server): `app.notify` sends as `TrayApp.notify` does (through `Notices` and the real
+    `Notifier`) to a `NotifyServer` recording into `out`, both on a private bus."""
+    from notify_server import NotifyServer
+
+    from lmsp_tray.desktop.notify import Notices, Notifier
+
+    with PrivateBus() as bus:
+        server = NotifyServer(bus.address, out)
+        notifier = Notifier(bus=bus.address)
+        sender = Notices(notifier)
+        try:
+            yield SimpleNamespace(notify=lambda body, **how: sender.send(body, **how)), server
+        finally:
+            notifier.shutdown()
+            server.stop()

@@ -14,7 +14,9 @@ exactly `max_output_tokens` tokens, or stop on a stop string.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -138,6 +140,43 @@ def vocabulary(
     return tokens, scores, types
 
 
+@dataclass(frozen=True)
+class Vocabulary:
+    """A real model's tokenizer, read from its GGUF, for a generated model that tokenizes as it does."""
+
+    tokens: list[str]
+    scores: list[float]
+    types: list[int]
+    kv: dict[str, object]  # the other tokenizer.ggml.* keys (special token ids, add_bos, pre-tokenizer...)
+
+
+def vocabulary_of(path: str | Path) -> Vocabulary:
+    """The tokenizer of the GGUF at `path` (e.g. Gemma's 262,144 tokens from the demo model)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    fields = reader.fields
+    tokens = [str(t) for t in fields["tokenizer.ggml.tokens"].contents()]
+    scores = [float(s) for s in fields["tokenizer.ggml.scores"].contents()]
+    types = [int(t) for t in fields["tokenizer.ggml.token_type"].contents()]
+    skip = {"tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.chat_template"}
+    kv = {k: f.contents() for k, f in fields.items() if k.startswith("tokenizer.") and k not in skip}
+    return Vocabulary(tokens, scores, types, kv)
+
+
+def _add_values(writer: Any, values: dict[str, object]) -> None:
+    """Header keys by their Python type (bool, int as uint32, float as float32, else a string)."""
+    for key, value in values.items():
+        if isinstance(value, bool):
+            writer.add_bool(key, value)
+        elif isinstance(value, int):
+            writer.add_uint32(key, value)
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
+        else:
+            writer.add_string(key, str(value))
+
+
 def write_tiny_gguf(
     path: str | Path,
     *,
@@ -159,6 +198,7 @@ def write_tiny_gguf(
     output_scale: float = 2.0,
     user_defined: Sequence[str] = (),
     fim: str | None = None,
+    vocab: Vocabulary | None = None,
 ) -> Path:
     """Write a tiny llama-architecture GGUF and return its path.
 
@@ -173,13 +213,18 @@ def write_tiny_gguf(
     `user_defined` adds tokens llama.cpp splits out of text before tokenizing (like HTML tags in Gemma).
     `fim` adds fill-in-the-middle control tokens: "metadata" also names them in
     `tokenizer.ggml.fim_{pre,suf,mid}_token_id`; "names" leaves llama.cpp to find them by their text.
+    `vocab` replaces the made-up vocabulary with a real model's (`vocabulary_of`), so a prompt takes as
+    many tokens as it would on that model.
     """
     import gguf
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    tokens, scores, types = vocabulary(user_defined, FIM_TOKENS if fim else ())
+    if vocab is not None:
+        tokens, scores, types = vocab.tokens, vocab.scores, vocab.types
+    else:
+        tokens, scores, types = vocabulary(user_defined, FIM_TOKENS if fim else ())
     n_vocab = len(tokens)
     head_dim = embedding // heads
     kv_dim = head_dim * heads_kv
@@ -201,29 +246,24 @@ def write_tiny_gguf(
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_dimension_count(head_dim)
     writer.add_vocab_size(n_vocab)
-    writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
     writer.add_token_types(types)
-    writer.add_bos_token_id(tokens.index("<s>"))
-    writer.add_eos_token_id(tokens.index("</s>"))
-    writer.add_unk_token_id(tokens.index("<unk>"))
-    writer.add_add_bos_token(True)
-    writer.add_add_eos_token(False)
+    if vocab is not None:
+        _add_values(writer, vocab.kv)
+    else:
+        writer.add_tokenizer_model("llama")
+        writer.add_bos_token_id(tokens.index("<s>"))
+        writer.add_eos_token_id(tokens.index("</s>"))
+        writer.add_unk_token_id(tokens.index("<unk>"))
+        writer.add_add_bos_token(True)
+        writer.add_add_eos_token(False)
     if fim == "metadata":
         for key, tok in zip(("pre", "suf", "mid"), FIM_TOKENS, strict=True):
             writer.add_uint32(f"tokenizer.ggml.fim_{key}_token_id", tokens.index(tok))
     if chat_template is not None:
         writer.add_chat_template(chat_template)
-    for key, value in (extra_kv or {}).items():
-        if isinstance(value, bool):
-            writer.add_bool(key, value)
-        elif isinstance(value, int):
-            writer.add_uint32(key, value)
-        elif isinstance(value, float):
-            writer.add_float32(key, value)
-        else:
-            writer.add_string(key, str(value))
+    _add_values(writer, extra_kv or {})
 
     def weight(*shape: int, scale: float = 0.5) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
@@ -303,6 +343,7 @@ def write_tiny_bert_gguf(
     ffn: int = 128,
     pooling_type: int | None = 1,  # MEAN; None leaves the key out (llama.cpp then pools nothing)
     seed: int = 0,
+    classifier: bool = False,  # a `cls` / `cls.output` head (a reranker: with pooling_type 4)
 ) -> Path:
     """Write a tiny BERT-architecture (encoder-only) embedding GGUF and return its path."""
     import gguf
@@ -363,9 +404,234 @@ def write_tiny_bert_gguf(
         writer.add_tensor(f"blk.{b}.ffn_down.bias", weight(embedding, scale=0.02))
         writer.add_tensor(f"blk.{b}.layer_output_norm.weight", ones(embedding))
         writer.add_tensor(f"blk.{b}.layer_output_norm.bias", weight(embedding, scale=0.02))
+    if classifier:  # RoBERTa's head: dense + tanh, then one relevance logit
+        writer.add_tensor("cls.weight", weight(embedding, embedding))
+        writer.add_tensor("cls.bias", weight(embedding, scale=0.02))
+        writer.add_tensor("cls.output.weight", weight(1, embedding, scale=1.0))
+        writer.add_tensor("cls.output.bias", weight(1, scale=0.02))
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def write_tiny_reranker_gguf(
+    path: str | Path, *, name: str = "Tiny Rerank", basename: str = "tiny-rerank", seed: int = 1, **shape: Any
+) -> Path:
+    """A tiny BERT-shaped reranker (as bge-reranker is): rank pooling (`bert.pooling_type = 4`) and a
+    classifier head; llama-server `--reranking` serves it."""
+    return write_tiny_bert_gguf(path, name=name, basename=basename, pooling_type=4, seed=seed, classifier=True, **shape)
+
+
+# -- a tiny vision projector (mmproj) ---------------------------------------------------------------
+
+
+def write_tiny_mmproj_gguf(
+    path: str | Path,
+    *,
+    text_embedding: int = 64,
+    name: str = "Tiny Vision",
+    image_size: int = 224,
+    patch_size: int = 8,
+    embedding: int = 32,
+    blocks: int = 3,
+    heads: int = 2,
+    ffn: int = 64,
+    projector_hidden: int = 64,
+    seed: int = 0,
+) -> Path:
+    """Write a tiny CLIP projector GGUF in llama.cpp's layout (`clip.projector_type = "mlp"`, LLaVA's
+    two-layer projector: no image marker tokens, no tiling) and return its path.
+
+    A `image_size` px image in `patch_size` patches gives (image_size / patch_size)^2 image tokens of
+    width `text_embedding`, which must be the text model's embedding width. The vision blocks' matrices
+    are F16 (as real projectors); libmtmd and `llama-server --mmproj` load it and encode for real.
+    """
+    import gguf
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    n_patches = (image_size // patch_size) ** 2
+
+    writer = gguf.GGUFWriter(str(path), "clip")
+    writer.add_name(name)
+    writer.add_file_type(1)  # MOSTLY_F16
+    writer.add_string("clip.projector_type", "mlp")
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_bool("clip.has_audio_encoder", False)
+    writer.add_bool("clip.use_gelu", True)
+    writer.add_uint32("clip.vision.image_size", image_size)
+    writer.add_uint32("clip.vision.patch_size", patch_size)
+    writer.add_uint32("clip.vision.embedding_length", embedding)
+    writer.add_uint32("clip.vision.feed_forward_length", ffn)
+    writer.add_uint32("clip.vision.block_count", blocks)
+    writer.add_uint32("clip.vision.projection_dim", text_embedding)
+    writer.add_uint32("clip.vision.attention.head_count", heads)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+
+    def weight(*shape: int, scale: float = 0.2, f16: bool = False) -> np.ndarray:
+        w = (rng.standard_normal(shape) * scale).astype(np.float32)
+        return w.astype(np.float16) if f16 else w
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
+
+    writer.add_tensor("v.patch_embd.weight", weight(embedding, 3, patch_size, patch_size, f16=True))
+    writer.add_tensor("v.patch_embd.bias", weight(embedding, scale=0.02))
+    writer.add_tensor("v.position_embd.weight", weight(n_patches, embedding, scale=0.1))
+    writer.add_tensor("v.pre_ln.weight", ones(embedding))
+    writer.add_tensor("v.pre_ln.bias", weight(embedding, scale=0.02))
+    for b in range(blocks):
+        for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            writer.add_tensor(f"v.blk.{b}.{part}.weight", weight(embedding, embedding, f16=True))
+            writer.add_tensor(f"v.blk.{b}.{part}.bias", weight(embedding, scale=0.02))
+        writer.add_tensor(f"v.blk.{b}.ln1.weight", ones(embedding))
+        writer.add_tensor(f"v.blk.{b}.ln1.bias", weight(embedding, scale=0.02))
+        writer.add_tensor(f"v.blk.{b}.ln2.weight", ones(embedding))
+        writer.add_tensor(f"v.blk.{b}.ln2.bias", weight(embedding, scale=0.02))
+        writer.add_tensor(f"v.blk.{b}.ffn_up.weight", weight(ffn, embedding, f16=True))
+        writer.add_tensor(f"v.blk.{b}.ffn_up.bias", weight(ffn, scale=0.02))
+        writer.add_tensor(f"v.blk.{b}.ffn_down.weight", weight(embedding, ffn, f16=True))
+        writer.add_tensor(f"v.blk.{b}.ffn_down.bias", weight(embedding, scale=0.02))
+    writer.add_tensor("mm.0.weight", weight(projector_hidden, embedding, scale=0.5, f16=True))
+    writer.add_tensor("mm.0.bias", weight(projector_hidden, scale=0.02))
+    writer.add_tensor("mm.2.weight", weight(text_embedding, projector_hidden, scale=0.5, f16=True))
+    writer.add_tensor("mm.2.bias", weight(text_embedding, scale=0.02))
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def write_tiny_vision_pair(folder: str | Path, *, name: str = "tiny-vision", seed: int = 0) -> tuple[Path, Path]:
+    """A tiny llama-architecture text model `<name>.gguf` and its projector `mmproj-<name>.gguf` side
+    by side in `folder` (as a Hugging Face repository holds them); the text model's context holds a
+    784-token image and a conversation around it."""
+    folder = Path(folder)
+    model = write_tiny_gguf(folder / f"{name}.gguf", name="Tiny Vision", basename=name, context_length=4096, seed=seed)
+    projector = write_tiny_mmproj_gguf(folder / f"mmproj-{name}.gguf", text_embedding=64, seed=seed + 1)
+    return model, projector
+
+
+# -- a tiny audio projector (mmproj with a Whisper-style encoder) ----------------------------------
+
+
+def write_tiny_audio_mmproj_gguf(
+    path: str | Path,
+    *,
+    text_embedding: int = 64,
+    name: str = "Tiny Audio",
+    mel_bins: int = 80,
+    embedding: int = 32,
+    blocks: int = 2,
+    heads: int = 2,
+    ffn: int = 64,
+    stack_factor: int = 10,
+    projector_hidden: int = 64,
+    seed: int = 0,
+) -> Path:
+    """Write a tiny audio projector GGUF in llama.cpp's layout (`clip.projector_type = "ultravox"`: a
+    Whisper encoder, two 1-D convolutions then transformer blocks, and Ultravox's stacked-frames SwiGLU
+    projector; no marker tokens around the audio) and return its path.
+
+    libmtmd computes the log-mel spectrogram itself (16 kHz, 30 s windows of 3000 frames): each started
+    30 s of audio gives 3000 / 2 / `stack_factor` (150) tokens of width `text_embedding`, which must be
+    the text model's embedding width. `stack_factor` must divide 1500 (libmtmd counts the tokens as
+    3000 / stack / 2 but its graph stacks 1500 rows rounded up: Ultravox's own 8 gives 188 for 187 and
+    aborts). libmtmd and `llama-server --mmproj` load it and encode for real.
+    """
+    import gguf
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    positions = 1500  # Whisper's: 3000 mel frames, halved by the second convolution
+
+    writer = gguf.GGUFWriter(str(path), "clip")
+    writer.add_name(name)
+    writer.add_file_type(1)  # MOSTLY_F16
+    writer.add_string("clip.projector_type", "ultravox")
+    writer.add_bool("clip.has_vision_encoder", False)
+    writer.add_bool("clip.has_audio_encoder", True)
+    writer.add_uint32("clip.audio.num_mel_bins", mel_bins)
+    writer.add_uint32("clip.audio.embedding_length", embedding)
+    writer.add_uint32("clip.audio.feed_forward_length", ffn)
+    writer.add_uint32("clip.audio.block_count", blocks)
+    writer.add_uint32("clip.audio.projection_dim", text_embedding)
+    writer.add_uint32("clip.audio.attention.head_count", heads)
+    writer.add_float32("clip.audio.attention.layer_norm_epsilon", 1e-5)
+    writer.add_uint32("clip.audio.projector.stack_factor", stack_factor)
+
+    def weight(*shape: int, scale: float = 0.2, f16: bool = False) -> np.ndarray:
+        w = (rng.standard_normal(shape) * scale).astype(np.float32)
+        return w.astype(np.float16) if f16 else w
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
+
+    writer.add_tensor("a.conv1d.1.weight", weight(embedding, mel_bins, 3, f16=True))
+    writer.add_tensor("a.conv1d.1.bias", weight(embedding, 1, scale=0.02))
+    writer.add_tensor("a.conv1d.2.weight", weight(embedding, embedding, 3, f16=True))
+    writer.add_tensor("a.conv1d.2.bias", weight(embedding, 1, scale=0.02))
+    writer.add_tensor("a.position_embd.weight", weight(positions, embedding, scale=0.1))
+    for b in range(blocks):
+        for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            writer.add_tensor(f"a.blk.{b}.{part}.weight", weight(embedding, embedding, f16=True))
+            if part != "attn_k":  # Whisper's key projection has no bias
+                writer.add_tensor(f"a.blk.{b}.{part}.bias", weight(embedding, scale=0.02))
+        writer.add_tensor(f"a.blk.{b}.ln1.weight", ones(embedding))
+        writer.add_tensor(f"a.blk.{b}.ln1.bias", weight(embedding, scale=0.02))
+        writer.add_tensor(f"a.blk.{b}.ln2.weight", ones(embedding))
+        writer.add_tensor(f"a.blk.{b}.ln2.bias", weight(embedding, scale=0.02))
+        writer.add_tensor(f"a.blk.{b}.ffn_up.weight", weight(ffn, embedding, f16=True))
+        writer.add_tensor(f"a.blk.{b}.ffn_up.bias", weight(ffn, scale=0.02))
+        writer.add_tensor(f"a.blk.{b}.ffn_down.weight", weight(embedding, ffn, f16=True))
+        writer.add_tensor(f"a.blk.{b}.ffn_down.bias", weight(embedding, scale=0.02))
+    writer.add_tensor("a.post_ln.weight", ones(embedding))
+    writer.add_tensor("a.post_ln.bias", weight(embedding, scale=0.02))
+    stacked = embedding * stack_factor
+    writer.add_tensor("mm.a.norm_pre.weight", ones(stacked))
+    writer.add_tensor("mm.a.mlp.1.weight", weight(2 * projector_hidden, stacked, scale=0.3, f16=True))
+    writer.add_tensor("mm.a.norm_mid.weight", ones(projector_hidden))
+    writer.add_tensor("mm.a.mlp.2.weight", weight(text_embedding, projector_hidden, scale=0.5, f16=True))
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def write_tiny_audio_pair(folder: str | Path, *, name: str = "tiny-audio", seed: int = 0) -> tuple[Path, Path]:
+    """A tiny llama-architecture text model `<name>.gguf` and its audio projector `mmproj-<name>.gguf`
+    side by side in `folder`; the text model's context holds a few 30 s windows of audio (150 tokens
+    each) and a conversation around them."""
+    folder = Path(folder)
+    model = write_tiny_gguf(folder / f"{name}.gguf", name="Tiny Audio", basename=name, context_length=4096, seed=seed)
+    projector = write_tiny_audio_mmproj_gguf(folder / f"mmproj-{name}.gguf", text_embedding=64, seed=seed + 1)
+    return model, projector
+
+
+def tone_wav(seconds: float = 1.0, *, hertz: float = 440.0, rate: int = 16000, channels: int = 1) -> bytes:
+    """A WAV file (16-bit PCM, `rate` Hz) holding `seconds` of a sine tone at `hertz`: test audio."""
+    import io
+    import wave
+
+    t = np.arange(int(seconds * rate)) / rate
+    samples = (np.sin(2 * np.pi * hertz * t) * 0.3 * 32767).astype("<i2")
+    if channels > 1:
+        samples = np.repeat(samples, channels)
+    out = io.BytesIO()
+    with wave.open(out, "wb") as wav:
+        wav.setnchannels(channels)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes(samples.tobytes())
+    return out.getvalue()

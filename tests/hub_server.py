@@ -33,7 +33,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from support import wait_until
 
@@ -47,6 +47,9 @@ class FakeRepo:
     gated: bool = False
     granted: set[str] = field(default_factory=set)  # tokens with access to a gated repo
     small: set[str] = field(default_factory=set)  # paths stored in git itself, not LFS
+    downloads: int = 0  # what the Hub's search reports (`/api/models?search=`)
+    likes: int = 0
+    last_modified: str = "2026-01-15T10:00:00.000Z"
 
     @property
     def commit(self) -> str:
@@ -81,6 +84,7 @@ class FakeHub:
         self.cdn_auth: list[str] = []
         self.hub_auth: list[str | None] = []
         self.log: list[tuple[str, str, str]] = []  # (server, method, path + range)
+        self.searches: list[dict[str, str]] = []  # the query of each model search (`/api/models?search=`)
         self.cut_at: dict[str, list[int]] = {}
         self.flip: dict[str, int] = {}
         self.pause_at: dict[str, Pause] = {}
@@ -187,6 +191,8 @@ class _HubHandler(_Base):
         with self.hub.lock:
             self.hub.log.append(("hub", self.command, path))
             self.hub.hub_auth.append(self.headers.get("Authorization"))
+        if path == "/api/models":
+            return self._search(parse_qs(url.query))
         m = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path)
         if m:
             return self._info(m.group(1), m.group(2))
@@ -194,6 +200,35 @@ class _HubHandler(_Base):
         if m:
             return self._resolve(m.group(1), m.group(2), m.group(3))
         self._error(404, "NotFound", "no such endpoint")
+
+    def _search(self, query: dict[str, list[str]]) -> None:
+        """The Hub's model search as huggingface_hub's `HfApi.list_models` calls it: `search` (a substring of
+        the id, any case), `filter` (tags), `sort` (with `direction=-1`: highest first), `limit`."""
+        with self.hub.lock:
+            self.hub.searches.append({k: v[-1] for k, v in query.items()})
+        text = query.get("search", [""])[-1].lower()
+        tags = set(query.get("filter", []))
+        found = [r for r in self.hub.repos.values() if text in r.repo_id.lower() and tags <= {"gguf"}]
+        key = query.get("sort", [""])[-1]
+        if key in ("downloads", "likes"):
+            found.sort(key=lambda r: getattr(r, key), reverse=query.get("direction", ["-1"])[-1] == "-1")
+        limit = int(query.get("limit", ["1000"])[-1])
+        docs = [
+            {
+                "_id": hashlib.sha1(r.repo_id.encode()).hexdigest()[:24],
+                "id": r.repo_id,
+                "modelId": r.repo_id,
+                "likes": r.likes,
+                "downloads": r.downloads,
+                "tags": ["gguf"],
+                "library_name": "gguf",
+                "private": False,
+                "lastModified": r.last_modified,
+                "createdAt": "2025-06-01T00:00:00.000Z",
+            }
+            for r in found[:limit]
+        ]
+        self._send(200, json.dumps(docs).encode(), {"Content-Type": "application/json"})
 
     def _repo(self, repo_id: str) -> FakeRepo | None:
         repo = self.hub.repos.get(repo_id)

@@ -16,9 +16,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from gguf_factory import write_tiny_gguf
 from hub_server import FakeHub
+from support import SSE, LiveDaemon, iter_sse
 
 TINY = "test-org/Tiny-GGUF"
 NOQ4 = "test-org/NoQ4-GGUF"
@@ -57,7 +59,7 @@ def build_repos(hub: FakeHub, folder: Path) -> None:
         "mmproj-F32.gguf": gguf_bytes(folder, "mmproj-F32", "F32", embedding=48)[0],
         "README.md": b"---\nlicense: mit\n---\n# Tiny GGUF\n",
     }
-    hub.add_repo(TINY, tiny, small={"README.md"})
+    hub.add_repo(TINY, tiny, small={"README.md"}, downloads=1200, likes=34, last_modified="2026-03-02T08:00:00.000Z")
     hub.add_repo(
         NOQ4,
         {
@@ -65,6 +67,8 @@ def build_repos(hub: FakeHub, folder: Path) -> None:
             "NoQ4-Q8_0.gguf": gguf_bytes(folder, "NoQ4-Q8_0", "Q8_0", embedding=112)[0],
             "NoQ4-F16.gguf": gguf_bytes(folder, "NoQ4-F16", "F16", embedding=144)[0],
         },
+        downloads=56,
+        likes=2,
     )
     hub.add_repo(
         GATED,
@@ -89,6 +93,7 @@ def hub(fake_hub: FakeHub) -> Iterator[FakeHub]:
     fake_hub.cdn_auth.clear()
     fake_hub.hub_auth.clear()
     fake_hub.log.clear()
+    fake_hub.searches.clear()
     fake_hub.cut_at.clear()
     fake_hub.flip.clear()
     for pause in fake_hub.pause_at.values():
@@ -111,3 +116,43 @@ def hf_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hub: FakeHub) -> Pat
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     return cache
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hf_env: Path) -> Path:
+    """A user home with nothing in it but what the test pulls (default folders are scanned)."""
+    user = tmp_path / "user"
+    user.mkdir()
+    monkeypatch.setenv("HOME", str(user))
+    monkeypatch.setenv("OLLAMA_MODELS", str(user / "ollama"))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("LLAMA_CACHE", raising=False)
+    return user
+
+
+@pytest.fixture
+def hub_daemon(daemon_factory, home: Path) -> LiveDaemon:
+    """A daemon of each test's own (downloads change its catalog and cache), scanning the default folders."""
+    hub_daemon = daemon_factory(default_dirs=True)
+    hub_daemon.daemon.downloads.progress_every = 0.0  # every progress step becomes an event (they are few here)
+    return hub_daemon
+
+
+@pytest.fixture
+def c(hub_daemon: LiveDaemon):
+    with httpx.Client(base_url=hub_daemon.url, timeout=60, headers=hub_daemon.auth_headers) as client:
+        yield client
+
+
+def wait_for_progress(c: httpx.Client, task_id: str, at_least: int) -> None:
+    for e in iter_stream(c, task_id):
+        if e.event == "model.download.progress" and e.data["bytes_done"] >= at_least:
+            return
+    raise AssertionError("no progress")
+
+
+def iter_stream(c: httpx.Client, task_id: str):
+    with c.stream("GET", f"/tasks/{task_id}/events") as r:
+        for e in iter_sse(r):
+            if isinstance(e, SSE):
+                yield e

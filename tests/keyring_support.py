@@ -14,10 +14,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from support import wait_until
+
+from lmsp_tray.auth.vault import SecretVault
 
 PASSWORD = "lmsp-test"
 SECRET_SERVICE = "keyring.backends.SecretService.Keyring"
@@ -43,6 +47,8 @@ class PrivateKeyring:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(10)
+            if proc is not None and proc.stdout is not None:
+                proc.stdout.close()  # the bus's address pipe (a ResourceWarning if left to the collector)
         shutil.rmtree(self.home, ignore_errors=True)
 
 
@@ -175,3 +181,34 @@ def working_session_keyring() -> bool:
         return subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, timeout=30).returncode == 0
     except subprocess.TimeoutExpired:
         return False
+
+
+@pytest.fixture(scope="module")
+def secret_service() -> Iterator[str]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("DISPLAY", raising=False)
+        mp.delenv("WAYLAND_DISPLAY", raising=False)
+        own = None
+        if not working_session_keyring():
+            missing = tools_missing()
+            if missing:
+                pytest.skip(missing)
+            own = start_private_keyring()
+            mp.setenv("DBUS_SESSION_BUS_ADDRESS", own.address)
+        mp.setenv("PYTHON_KEYRING_BACKEND", SECRET_SERVICE)
+        try:
+            yield os.environ["DBUS_SESSION_BUS_ADDRESS"]
+        finally:
+            if own is not None:
+                own.stop()
+
+
+def real_vault() -> SecretVault:
+    import keyring.backends.SecretService
+
+    return SecretVault(keyring.backends.SecretService.Keyring())
+
+
+def secret_tool(*args: str) -> subprocess.CompletedProcess:
+    """libsecret's own CLI: an independent look into the same keyring."""
+    return subprocess.run(["secret-tool", *args], capture_output=True, text=True, timeout=30)

@@ -6,8 +6,13 @@ Light to import (the daemon is imported when one is started): subprocess helpers
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import shutil
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,12 +26,15 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+TESTS = Path(__file__).resolve().parent  # the tests folder: support modules, scripts run as children
+ROOT = TESTS.parent  # the checkout
+
 TINY_ID = "tiny-test:1m-f32"
 SLOW_ID = "slow-test:4m-f32"
 
 
 class MemoryVault:
-    """Stands in for the OS keyring in tests that are not about it (tests/test_keyring.py uses the real one)."""
+    """Stands in for the OS keyring in tests that are not about it (tests/auth/test_keyring.py uses the real one)."""
 
     def __init__(self) -> None:
         self.entries: dict[str, str] = {}
@@ -77,11 +85,21 @@ class LiveDaemon:
         self.daemon.stop_background()
 
 
-def start_daemon(models_dir: Path, *, vault: Any = None, token_repository: Any = None, **overrides: Any) -> LiveDaemon:
-    from lmsp_tray.config import Config, resolve_paths
+def start_daemon(
+    models_dir: Path,
+    *,
+    home: Path | None = None,
+    vault: Any = None,
+    token_repository: Any = None,
+    devices: Any = None,
+    **overrides: Any,
+) -> LiveDaemon:
+    """A daemon on a free port, its data under `home` (else where LMSP_TRAY_HOME says); `devices`: what
+    it plans for instead of what the device probe finds (a `Devices`)."""
+    from lmsp_tray.config import HOME_ENV, Config, resolve_paths
     from lmsp_tray.daemon import Daemon, build_catalog  # here: the helpers above stay light for subprocesses
 
-    paths = resolve_paths().ensure()
+    paths = resolve_paths({HOME_ENV: str(home)} if home else None).ensure()
     config = Config(models_dirs=[models_dir], default_dirs=False, demo_model=False).with_overrides(**overrides)
     daemon = Daemon(
         paths,
@@ -89,10 +107,23 @@ def start_daemon(models_dir: Path, *, vault: Any = None, token_repository: Any =
         catalog=build_catalog(paths, config),
         vault=vault or MemoryVault(),
         token_repository=token_repository,
+        devices=devices,
     )
     daemon.start_background(daemon.bind(0))
     assert daemon.url
     return LiveDaemon(daemon, daemon.url)
+
+
+def link_models(folder: Path, files: list[Path], *, copy: bool = False) -> Path:
+    """A models folder of links to `files` (read in place, like a user's models folder), or of
+    copies of them (that a test may damage, and whose changes the folder watcher sees)."""
+    folder.mkdir(exist_ok=True)
+    for model in files:
+        if copy:
+            shutil.copyfile(model, folder / model.name)
+        else:
+            (folder / model.name).symlink_to(model)
+    return folder
 
 
 def cli_token(argv: list[str], env: dict[str, str], *scopes: str, cwd: Any = None) -> str:
@@ -214,3 +245,107 @@ def wait_task(c: httpx.Client, task_id: str, statuses: set[str], timeout: float 
         return dict(last) if last["status"] in statuses else None
 
     return wait_until(reached, timeout, lambda: f"{task_id} to reach {statuses} (last: {last})", interval=0.05)
+
+
+def isolated_env(tmp_path: Path, *, drop: tuple[str, ...] = ()) -> dict[str, str]:
+    """The environment of a command run as a user of its own: this process's environment without a
+    display (so no tray), with HOME, caches, Hugging Face, Ollama and lmsp-tray's home under `tmp_path`."""
+    home = tmp_path / "user"
+    home.mkdir(exist_ok=True)
+    gone = {"DISPLAY", "WAYLAND_DISPLAY", "XDG_RUNTIME_DIR", *drop}
+    env = {k: v for k, v in os.environ.items() if k not in gone}
+    env.update(
+        {
+            "LMSP_TRAY_HOME": str(tmp_path / "lmsp"),
+            "HOME": str(home),
+            "XDG_CACHE_HOME": str(home / ".cache"),
+            "HF_HOME": str(home / "hf"),
+            "OLLAMA_MODELS": str(home / "ollama"),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+def wait_url(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Wait until `url` answers 200, failing at once (with its stderr) if `proc` exits meanwhile."""
+
+    def answered() -> bool:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else "exited"
+        return httpx.get(url, timeout=1).status_code == 200
+
+    wait_until(answered, timeout, f"{url} to answer", interval=0.1, ignoring=httpx.HTTPError)
+
+
+def cli_headers(env: dict[str, str], *scopes: str) -> dict[str, str]:
+    """Bearer headers for a token made by `lmsp-tray tokens create` in `env` (the owner's own CLI)."""
+    return {"Authorization": f"Bearer {cli_token([sys.executable, '-m', 'lmsp_tray'], env, *scopes)}"}
+
+
+STREAM_PROMPTS = ["hello world", "the local model", "a test of the stream", "weather in the city"]
+
+
+def assert_streams_decode_together(live: LiveDaemon, run: Callable[[str], str]) -> None:
+    """Batching holds on a door: `run` streams one prompt on SLOW_ID; the four prompts streamed at once give
+    each the text it gets alone, in far fewer decode steps than the four runs one after another took.
+
+    On the slower generated model: the tiny one decodes 40 tokens in about 50 ms, less than the four
+    requests can take to arrive on a busy machine, so they would barely overlap."""
+    import concurrent.futures as cf
+    import threading
+
+    alone = {p: run(p) for p in STREAM_PROMPTS}
+    solo_steps = live.scheduler(SLOW_ID).steps
+    barrier = threading.Barrier(len(STREAM_PROMPTS))
+
+    def together(p: str) -> str:
+        barrier.wait()
+        return run(p)
+
+    with cf.ThreadPoolExecutor(len(STREAM_PROMPTS)) as pool:
+        batched = dict(zip(STREAM_PROMPTS, pool.map(together, STREAM_PROMPTS)))
+    assert batched == alone
+    assert live.scheduler(SLOW_ID).steps - solo_steps < solo_steps * 0.75
+
+
+def llama_server_binary() -> Path:
+    """llama.cpp's own llama-server, built from the sources vendored in the installed llama-cpp-python
+    (benchmarks/build_llama_server.sh): the reference the correctness tests compare with (rerank scores,
+    tokenizing, images). `LMSP_LLAMA_SERVER`, else the bench cache's build. Where it is not built the test
+    skips, unless `LMSP_REQUIRE_LLAMA_SERVER=1` (as `.ci/run` sets, after building it): then it fails."""
+    import importlib.metadata
+
+    import pytest
+
+    given = os.environ.get("LMSP_LLAMA_SERVER")
+    if given and Path(given).is_file():
+        return Path(given)
+    version = importlib.metadata.version("llama_cpp_python")  # not `import llama_cpp`: no libllama here
+    path = Path(os.environ.get("LMSP_BENCH_CACHE", ROOT / ".bench-cache")) / f"llama-server-{version}/bin/llama-server"
+    if path.is_file():
+        return path
+    why = f"llama-server is not built ({path}); benchmarks/build_llama_server.sh builds it, as .ci/run does"
+    if os.environ.get("LMSP_REQUIRE_LLAMA_SERVER") == "1":
+        pytest.fail(why)
+    pytest.skip(why)
+
+
+@contextlib.contextmanager
+def llama_server(model: Path, *args: str) -> Iterator[str]:
+    """llama-server on `model` (with `args`; `--no-repack` as the service keeps weights on AMX CPUs), one
+    thread, on a free port: its base URL once it answers /health; stopped afterwards."""
+    port = free_port()
+    argv = [str(llama_server_binary()), "-m", str(model), "--no-repack", "--port", str(port), "-t", "1", *args]
+    with subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+        base = f"http://127.0.0.1:{port}"
+        try:
+            wait_until(
+                lambda: httpx.get(base + "/health", timeout=1).status_code == 200,
+                120,
+                "llama-server to load",
+                ignoring=httpx.HTTPError,
+            )
+            yield base
+        finally:
+            proc.terminate()
+            proc.wait(30)

@@ -56,6 +56,57 @@ def test_bad_values_are_named(raw: dict, message: str) -> None:
         config_from_mapping(raw)
 
 
+# The exact words, one per kind of rule (pinned when the hand-written checks became a pydantic schema).
+EXACT = [
+    ({"prot": 1}, "unknown setting 'prot'; did you mean 'port'?"),
+    ({"kep-alive": 1}, "unknown setting 'kep-alive'; did you mean 'keep_alive'?"),
+    ({"zzz": 1}, "unknown setting 'zzz'; the settings are listed in docs/configuration.md"),
+    ({"port": True}, "port: expected a positive whole number"),
+    ({"port": 70000}, "port: expected a port number up to 65535"),
+    ({"max_queue": 1.0}, "max_queue: expected a positive whole number"),
+    ({"gpu_layers": -1}, "gpu_layers: expected a positive whole number"),
+    ({"context_cap": "big"}, "context_cap: expected a positive whole number"),
+    ({"keep-alive": "soon"}, "keep_alive: expected seconds or a duration like '5m', got 'soon'"),
+    ({"keep_alive": True}, "keep_alive: expected seconds or a duration like '5m', got True"),
+    ({"event_retention": "never"}, "event_retention: must be a finite duration"),
+    ({"housekeeping_interval": -1}, "housekeeping_interval: must be a finite duration"),
+    ({"sse_keepalive": 0}, "sse_keepalive: must be a duration above zero"),
+    ({"idle_timeout": "0s"}, "idle_timeout: must be a positive, finite duration"),
+    ({"models_dirs": "~/m"}, "models_dirs: expected a list of folder paths"),
+    ({"models_dirs": ["a", 1]}, "models_dirs: expected a list of folder paths"),
+    ({"allowed_origins": [None]}, "allowed_origins: expected a list of origins like 'http://localhost:3000'"),
+    (
+        {"keyless_scopes": "models:read"},
+        "keyless_scopes: expected a list of scopes like ['models:read', 'responses:create']",
+    ),
+    ({"demo_model": 1}, "demo_model: expected true or false"),
+    ({"prompt_cache_gib": -1}, "prompt_cache_gib: expected a size in GiB (0 turns the prompt cache off)"),
+    ({"memory_budget_fraction": 0}, "memory_budget_fraction: expected a number in (0, 1]"),
+    ({"allocator": 1}, "allocator: expected 'auto' or 'system'"),
+    ({"host": "::"}, "host: the service only binds loopback (127.0.0.1 or ::1)"),
+    ({"gpu": "off", "port": 0, "prot": 1}, "port: expected a positive whole number"),  # the first, as written
+    ({"prot": 1, "port": 0}, "unknown setting 'prot'; did you mean 'port'?"),
+]
+
+
+@pytest.mark.parametrize("raw, detail", EXACT)
+def test_bad_values_are_told_in_the_same_words(raw: dict, detail: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        config_from_mapping(raw, source="config.toml")
+    assert str(caught.value) == f"config.toml: {detail}" and caught.value.detail == detail
+    assert caught.value.setting in {*raw, *(key.replace("-", "_") for key in raw)}
+    assert caught.value.setting is not None and caught.value.setting in detail
+
+
+def test_values_are_converted_as_the_service_uses_them() -> None:
+    config = config_from_mapping(
+        {"keyless-scopes": ["tasks:read", "models:read", "models:read"], "prompt_cache_gib": 2, "context_cap": "auto"}
+    )
+    assert config.keyless_scopes == ["models:read", "tasks:read"] and config.context_cap is None
+    assert config.prompt_cache_gib == 2.0 and isinstance(config.prompt_cache_gib, float)
+    assert config_from_mapping({"idle-timeout": "1.5m", "task_ttl": "never"}).idle_timeout == 90
+
+
 def test_broken_toml_is_a_config_error(tmp_path: Path) -> None:
     paths = resolve_paths({"LMSP_TRAY_HOME": str(tmp_path)}).ensure()
     paths.config_file.write_text("port = ")

@@ -19,7 +19,7 @@ import jsonschema
 import pytest
 from chat_templates import DEEPSEEK_R1, LLAMA31, QWEN3
 from gguf_factory import write_tiny_gguf
-from support import SSE, LiveDaemon, events, start_daemon
+from support import SSE, LiveDaemon, events
 
 QWEN_ID = "qwen3-tiny:1m-f32"
 LLAMA_ID = "llama3-tiny:1m-f32"
@@ -105,16 +105,14 @@ FORMAT_CHECKER = jsonschema.Draft202012Validator.FORMAT_CHECKER
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveDaemon]:
-    home = tmp_path_factory.mktemp("home")
-    models = write_family_models(tmp_path_factory.mktemp("family-models"))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("LMSP_TRAY_HOME", str(home))
-        daemon = start_daemon(models, parallel=2, threads=1)  # 1 thread: steady on a busy machine
-        try:
-            yield daemon
-        finally:
-            daemon.stop()
+def live_files(family_models: list[Path]) -> list[Path]:
+    """The tool tests' `live` daemon (conftest.py) serves the family models."""
+    return family_models
+
+
+@pytest.fixture(scope="module")
+def live_config() -> dict[str, Any]:
+    return {"parallel": 2, "threads": 1}  # 1 thread: steady on a busy machine
 
 
 @pytest.fixture

@@ -22,9 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self, TypeVar
 
-from support import wait_until
+from support import ROOT, wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
 TOOLS = ("Xvfb", "trayer", "xdotool", "import")
 

@@ -84,7 +84,12 @@ else
 fi
 vpy=$venv/bin/python
 
-# 2. The project and its dependencies, built from a copy so the checkout stays as it was.
+# 2. llama.cpp for this machine's GPU (CUDA, Vulkan, Metal or the CPU; LMSP_BACKEND / CMAKE_ARGS choose):
+#    installers/install.py builds llama-cpp-python once per backend into ~/.cache/lmsp-tray/wheels and
+#    installs it, falling back to the CPU build if the GPU one fails; the pin below then keeps it.
+"$python" "$repo/installers/install.py" --venv "$venv" --no-project || die "could not install llama-cpp-python"
+
+# 3. The project and its dependencies, built from a copy so the checkout stays as it was.
 say "installing $repo (this can take a few minutes the first time: llama.cpp is compiled)"
 src=$(mktemp -d "${TMPDIR:-/tmp}/lmsp-tray-src.XXXXXX")
 trap 'rm -rf "$src"' EXIT
@@ -103,7 +108,7 @@ if [ "$demo" = 1 ]; then
     say "the demo model (Gemma 3 270M) is installed; it is assembled at the first start if you have no models"
 fi
 
-# 3. PyGObject for the tray menu.
+# 4. PyGObject for the tray menu.
 gi_note=""
 if "$vpy" -c 'import gi' >/dev/null 2>&1; then
     :
@@ -128,11 +133,11 @@ if ! "$vpy" -c 'import gi' >/dev/null 2>&1; then
     fi
 fi
 
-# 4. The program on the PATH.
+# 5. The program on the PATH.
 mkdir -p "$bin_dir"
 ln -sfn "$venv/bin/lmsp-tray" "$bin_dir/lmsp-tray"
 
-# 5. Icons and the desktop launcher (Exec quoted by the package's own Desktop Entry quoting).
+# 6. Icons and the desktop launcher (Exec quoted by the package's own Desktop Entry quoting).
 for size in 48 128; do
     install -D -m 0644 "$repo/assets/lmsp-tray-$size.png" "$data_home/icons/hicolor/${size}x$size/apps/lmsp-tray.png"
 done
@@ -161,7 +166,7 @@ render "$script_dir/lmsp-tray.desktop" "$data_home/applications/lmsp-tray.deskto
 command -v update-desktop-database >/dev/null 2>&1 && update-desktop-database -q "$data_home/applications" 2>/dev/null || true
 touch "$data_home/icons/hicolor" 2>/dev/null || true  # icon themes rescan a folder whose time changed
 
-# 6. Optional: the systemd --user unit for headless use.
+# 7. Optional: the systemd --user unit for headless use.
 if [ "$systemd" = 1 ]; then
     unit=$config_home/systemd/user/lmsp-tray.service
     render "$script_dir/lmsp-tray.service" "$unit" systemd

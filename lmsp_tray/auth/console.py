@@ -40,13 +40,15 @@ log = logging.getLogger("lmsp_tray.auth.console")
 CODE_PREFIX = "lmspc_"
 CODE_TTL_S = 60.0
 MAX_OPEN_CODES = 16  # codes waiting to be exchanged; more means something is looping
-# What the page does: chat (stored conversations), models, apps and tokens, activity, settings.
-# Not tasks: the console streams its responses itself.
+# What the page does: chat (stored conversations), models, apps and tokens, activity, settings; tasks
+# only to follow and cancel the downloads Discover starts (the console streams its responses itself).
 CONSOLE_SCOPES: tuple[str, ...] = (
     "models:read",
     "models:manage",
     "responses:create",
     "responses:read",
+    "tasks:read",
+    "tasks:create",
     "tokens:manage",
     "activity:read",
     "settings:manage",

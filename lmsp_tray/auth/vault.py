@@ -38,6 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from lmsp_tray.private import write_private
+
 SERVICE_NAME = "lmsp-tray"
 DEFAULT_TIMEOUT_S = 15.0
 
@@ -230,14 +232,7 @@ class OwnerTokenFile:
                 raise TokenFileError(f"{folder} belongs to another user")
             if stat.S_IMODE(info.st_mode) & 0o077:
                 os.chmod(folder, 0o700)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-        fd = os.open(tmp, flags, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(secret + "\n")
-        os.replace(tmp, self.path)
+        write_private(self.path, secret + "\n")
 
     def read(self) -> str:
         """The secret; raises `TokenFileError` when there is none or it is not private to this user."""

@@ -8,8 +8,9 @@ template that knows thinking markers such as `<think>…</think>`.
 
 An embedding model (`GGUFInfo.embeddings`: an encoder such as BERT, or a GGUF
 that declares a pooling type) has `embeddings` alone: it does not generate,
-so chat and completions to it are refused with `unsupported_capability`.
-Chat models are not offered for embeddings (see README: a generative model's
+so chat and completions to it are refused with `unsupported_capability`. A reranker
+(`GGUFInfo.rerank`: `rank` pooling and a classifier head) has `rerank` alone, for `/v1/rerank`.
+Chat models are not offered for embeddings (see docs/api-openai.md#embeddings: a generative model's
 pooled hidden state is a poor embedding, and serving one would need a second
 context per model).
 
@@ -30,6 +31,8 @@ def model_capabilities(entry: ModelEntry) -> list[str]:
         return []
     if entry.info is not None and entry.info.embeddings:
         return ["embeddings"]
+    if entry.info is not None and entry.info.rerank:
+        return ["rerank"]
     caps = ["text", "streaming", "tools", "structured_output"]
     if think_markers(entry.info.chat_template if entry.info else None):
         caps.append("reasoning")
@@ -39,4 +42,5 @@ def model_capabilities(entry: ModelEntry) -> list[str]:
 def fill_in_the_middle(entry: ModelEntry) -> bool:
     """Whether the model completes between a prefix and a suffix: a text model whose vocabulary has the
     FIM prefix, suffix and middle tokens (found in its header as llama.cpp finds them)."""
-    return entry.ok and entry.info is not None and entry.info.fim_tokens and not entry.info.embeddings
+    info = entry.info
+    return entry.ok and info is not None and info.fim_tokens and not info.embeddings and not info.rerank

@@ -26,6 +26,7 @@ from lmsp_tray.chat import dialects
 from lmsp_tray.chat.dialects import CallSyntax, Dialect
 from lmsp_tray.chat.gbnf import Grammar, literal, text_without
 from lmsp_tray.chat.parser import OutputParser, ParserConfig
+from lmsp_tray.chat.prefix import stable_chars
 from lmsp_tray.chat.schema import SchemaCompiler, SchemaError, path_text
 from lmsp_tray.errors import InvalidRequest, quote
 from lmsp_tray.protocol.requests import FunctionCall, FunctionCallOutput, ResponseRequest, Tool
@@ -34,9 +35,10 @@ TOOL_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
 class ChatModel(Protocol):
-    """What a plan needs from a loaded model (implemented by `engine.model.LlamaModel`)."""
+    """What a plan needs from a loaded model (`engine.loaded.LoadedModel` provides it)."""
 
     template: Any  # engine.templates.ChatTemplate: .source, .name, .render()
+    sliding_window: bool  # only such a model checkpoints at the stable prefix: others need not find it
 
     def find_token(self, text: str) -> int | None: ...  # pragma: no cover
     def is_control(self, token: int) -> bool: ...  # pragma: no cover
@@ -228,6 +230,7 @@ class ChatPlan:
     parser_config: ParserConfig = field(default_factory=ParserConfig)
     visible_tokens: frozenset[int] = frozenset()
     dialect: Dialect | None = None
+    stable: int = 0  # the prompt's first characters any conversation with its system and tools shares
 
     def parser(self) -> OutputParser:
         """The output parser: constrained from the start under a grammar that is on from the start;
@@ -235,8 +238,11 @@ class ChatPlan:
         return OutputParser(self.parser_config, constrained=self.grammar is not None and not self.lazy_roots)
 
 
-def build_plan(model: ChatModel, request: ResponseRequest, spec: OutputSpec) -> ChatPlan:
-    """Render the conversation for `model` and assemble grammar, trigger and parser settings."""
+def build_plan(model: ChatModel, request: ResponseRequest, spec: OutputSpec, *, at_most: int | None = None) -> ChatPlan:
+    """Render the conversation for `model` and assemble grammar, trigger and parser settings.
+
+    With `at_most`, a prompt that renders longer stops there (the template's `RenderedPast`, carrying the
+    prompt's start): nothing after the rendering is built for it."""
     template = model.template
     dialect = dialects.detect(template.source if template.name == "model" else None)
     syntax = dialect.syntax if spec.calls else None
@@ -247,7 +253,7 @@ def build_plan(model: ChatModel, request: ResponseRequest, spec: OutputSpec) -> 
         kwargs["enable_thinking"] = bool(request.reasoning)
         kwargs["thinking"] = bool(request.reasoning)
     tools = dialects.tool_specs(spec.tools) if spec.calls and dialect.native else None
-    prompt = template.render(messages, tools=tools, add_generation_prompt=True, **kwargs)
+    prompt = template.render(messages, tools=tools, add_generation_prompt=True, at_most=at_most, **kwargs)
 
     think = dialect.think
     think_mode = "none"
@@ -264,7 +270,9 @@ def build_plan(model: ChatModel, request: ResponseRequest, spec: OutputSpec) -> 
 
     g = Grammar()
     g.rules = dict(spec.grammar.rules)  # plans may be built twice (a model reload); keep the spec as it was
-    plan = ChatPlan(prompt=prompt, dialect=dialect)
+    # The stable prefix costs two more renderings and a tokenization: found only where a checkpoint uses it.
+    stable = stable_chars(template, messages, tools, prompt, **kwargs) if model.sliding_window else 0
+    plan = ChatPlan(prompt=prompt, dialect=dialect, stable=stable)
     body = None
     if syntax is not None and spec.forced:
         body = call_rules(g, syntax, spec, dialect.native)[0]

@@ -80,6 +80,15 @@ TRIE_FROM_VALUES = 16  # enums longer than this compile to a prefix tree of thei
 BIG = 10**15  # bounds beyond this are treated as no bound (generated numbers stay far below)
 
 
+def _any_key(schema: Any) -> bool:
+    """Whether a `propertyNames` schema holds for every key: true, {} or {"type": "string"} (annotated)."""
+    if schema is True:
+        return True
+    return isinstance(schema, dict) and all(
+        k in ANNOTATIONS or (k == "type" and v == "string") for k, v in schema.items()
+    )
+
+
 class SchemaError(ValueError):
     """A schema feature that cannot be enforced, and where it is (`path`, keyword last)."""
 
@@ -167,6 +176,8 @@ class SchemaCompiler:
             if key in NOT_ENFORCEABLE:
                 if key == "multipleOf" and value == 1 and schema.get("type") == "integer":
                     continue
+                if key == "propertyNames" and _any_key(value):
+                    continue  # every JSON object key is a string: it holds (zod writes it for records)
                 raise SchemaError(path + (key,), NOT_ENFORCEABLE[key])
             if key in GENERAL or key in ANNOTATIONS or key.startswith("x-"):
                 continue

@@ -3,9 +3,9 @@
 Why a module of its own: it is also what a second launch of `lmsp-tray` calls
 (`open_console`) to bring the running instance forward. It asks the running
 service for a console link (``POST /lmsp/v1/console/codes`` with the owner
-token from the keyring, or ``LMSP_TRAY_TOKEN``, as the token commands do),
-then opens it through `lmsp_tray.console_link` so the single-use code never
-appears on a command line. ``--print-url`` prints the link instead (it works
+token from the keyring, or ``LMSP_TRAY_TOKEN``: `cli.service`, as for the
+token commands), then opens it through `lmsp_tray.console_link` so the
+single-use code never appears on a command line. ``--print-url`` prints the link instead (it works
 once, within a minute).
 """
 
@@ -35,20 +35,18 @@ def add_parser(commands: Any) -> None:
 
 def console_url(paths: Paths) -> str:
     """A fresh console link from the running service (raises `NotRunning`, or `CommandError`)."""
-    from lmsp_tray.cli.tokens import ServiceAPI, _credentials
-    from lmsp_tray.instance import find_running, read_info
+    from lmsp_tray.cli.service import ServiceAPI, find_service
 
-    running = find_running(paths)
-    if running is None:
+    found = find_service(paths)
+    if found is None:
         raise NotRunning("lmsp-tray is not running; start it with `lmsp-tray` (or `lmsp-tray serve`) first.")
-    credentials = _credentials(paths, read_info(paths))
-    return str(ServiceAPI(running.url, credentials).call("POST", "/console/codes")["url"])
+    return str(ServiceAPI(*found).call("POST", "/console/codes")["url"])
 
 
 def open_console(paths: Paths, *, print_only: bool = False) -> str:
     """Open the running instance's console in the browser (or only return the link); returns the link.
 
-    Raises `NotRunning`, `cli.tokens.CommandError` (no token, service refused) or
+    Raises `NotRunning`, `cli.service.CommandError` (no token, service refused) or
     `console_link.BrowserUnavailable` (no display or browser: show the link instead)."""
     url = console_url(paths)
     if not print_only:
@@ -57,7 +55,7 @@ def open_console(paths: Paths, *, print_only: bool = False) -> str:
 
 
 def run(paths: Paths, args: argparse.Namespace) -> int:
-    from lmsp_tray.cli.tokens import CommandError
+    from lmsp_tray.cli.service import CommandError
 
     try:
         url = open_console(paths, print_only=args.print_url)

@@ -23,6 +23,7 @@ from lmsp_tray.cli.startup import Reporter, StartupError, claim_instance, second
 from lmsp_tray.config import DEFAULT_PORT, Config, ConfigError, Paths, load_config, resolve_paths
 from lmsp_tray.instance import InstanceLock, ShowRequests
 from lmsp_tray.private import private_dir, private_opener
+from lmsp_tray.protocol.states import ModelState
 
 log = logging.getLogger("lmsp_tray")
 
@@ -74,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     models = commands.add_parser("models", help="list the models discovery finds (no service needed)")
     _model_options(models, sub=True)
     models.add_argument("--json", action="store_true", help="print JSON model objects")
+    from lmsp_tray.cli.manage import add_parsers as add_manage_parsers
+
+    add_manage_parsers(models)
 
     autostart = commands.add_parser("autostart", help="start lmsp-tray at login (off by default)")
     autostart.add_argument("action", choices=["enable", "disable", "status"])
@@ -89,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     from lmsp_tray.cli.console import add_parser as add_open_parser
 
     add_open_parser(commands)
+    from lmsp_tray.cli.launch import add_parser as add_launch_parser
+
+    add_launch_parser(commands)
     return parser
 
 
@@ -180,7 +187,7 @@ def cmd_models(paths: Paths, config: Config, args: argparse.Namespace) -> int:
                 "parameters": e.info.size_label if e.info else None,
                 "quantization": e.info.quantization if e.info else None,
                 "context_length": context_window(e, config.context_cap, budget),
-                "state": "error" if e.error else "available",
+                "state": ModelState.ERROR if e.error else ModelState.AVAILABLE,
                 "error": e.error,
                 "incomplete": e.incomplete,
                 "path": str(e.path),
@@ -253,13 +260,15 @@ def cmd_serve(
     lock: InstanceLock,
 ) -> int:
     """Serve for as long as asked (the per-home lock is already ours)."""
+    from lmsp_tray.client.finding import answers
     from lmsp_tray.daemon import Daemon
-    from lmsp_tray.instance import SERVICE, answers, write_info
+    from lmsp_tray.instance import SERVICE, write_info
 
     first_run = not paths.database.exists()
     catalog = _catalog(paths, config, announce=True)
     from lmsp_tray.desktop.autostart import Autostart
-    from lmsp_tray.desktop.system import display_available, open_folder
+    from lmsp_tray.desktop.system import open_folder
+    from lmsp_tray.display import display_available
 
     daemon = Daemon(
         paths,
@@ -294,7 +303,7 @@ def cmd_serve(
         from lmsp_tray.desktop.system import headless_message
 
         if display_available():
-            from lmsp_tray.desktop.backend import run_tray
+            from lmsp_tray.desktop.compose import run_tray
 
             return run_tray(daemon, sock, show=show, reporter=reporter, first_run=first_run, model_count=count)
         show.set_handler(lambda: _headless_show(daemon.url, reporter))
@@ -369,7 +378,13 @@ def cmd_autostart(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passthrough: list[str] = []
+    if "launch" in argv and "--" in argv[argv.index("launch") :]:  # the agent's own arguments, untouched
+        cut = argv.index("--", argv.index("launch"))
+        argv, passthrough = argv[:cut], argv[cut + 1 :]
     args = build_parser().parse_args(argv)
+    args.passthrough = passthrough
     if args.command == "autostart":
         return cmd_autostart(args)
     service = args.command in (None, "serve")
@@ -391,6 +406,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = _config(paths, args)
     except ConfigError as exc:
         return _fail(str(exc), 2)
+    if args.command == "models" and getattr(args, "models_command", None):
+        from lmsp_tray.cli.manage import run as cmd_manage
+
+        return cmd_manage(paths, config, args)
     if args.command == "models":
         return cmd_models(paths, config, args)
     if args.command == "pull":
@@ -401,6 +420,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from lmsp_tray.cli.console import run as cmd_open
 
         return cmd_open(paths, args)
+    if args.command == "launch":
+        from lmsp_tray.cli.launch import run as cmd_launch
+
+        return cmd_launch(paths, config, args)
     from lmsp_tray.cli.tokens import run as cmd_tokens
 
     return cmd_tokens(paths, config, args)

@@ -14,22 +14,17 @@ Errors are one line on stderr; nothing here prints a token.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
-from lmsp_tray.cli.tokens import CommandError
+from lmsp_tray.cli.progress import INTERRUPTED, Printer, size
+from lmsp_tray.cli.service import CommandError
 from lmsp_tray.config import Config, Paths
 from lmsp_tray.errors import LMSPError
-
-INTERRUPTED = 130
-LINE_EVERY_S = 5.0  # progress lines when stderr is not a terminal
-REDRAW_EVERY_S = 0.1
 
 
 def add_parser(commands: Any) -> None:
@@ -47,88 +42,8 @@ def add_parser(commands: Any) -> None:
         "--list", action="store_true", help="list the repository's GGUF variants and sizes; download nothing"
     )
     pull.add_argument(
-        "--no-mmproj", action="store_true", help="leave out the vision projector (mmproj) a vision model comes with"
+        "--no-mmproj", action="store_true", help="leave out the projector (mmproj) a vision or audio model comes with"
     )
-
-
-# -- formatting --------------------------------------------------------------------------------------
-def size(n: int | None) -> str:
-    if n is None:
-        return "?"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}" if n < 10 * scale else f"{n / scale:.1f} {unit}"
-    return f"{n} B"
-
-
-def duration(seconds: int | None) -> str:
-    if seconds is None:
-        return "--"
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    if seconds >= 60:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds}s"
-
-
-def progress_line(p: Any, width: int = 20) -> str:
-    """``[#########           ]  45%  2.10 GB / 4.70 GB  35.2 MB/s  1m12s left  file.gguf``"""
-    share = p.bytes_done / p.bytes_total if p.bytes_total else 1.0
-    bar = "#" * int(share * width)
-    if p.phase == "checking":
-        what = f"checking the part already fetched ({size(p.file_bytes_done)})"
-    elif p.phase == "waiting":
-        what = "waiting for another download of this file"
-    elif p.phase == "verifying":
-        what = "verifying"
-    elif p.phase == "done":
-        what = "done"
-    else:
-        speed = f"{size(int(p.bytes_per_second))}/s" if p.bytes_per_second else "--/s"
-        what = f"{speed}  {duration(p.eta_seconds)} left"
-    name = os.path.basename(p.file)
-    return f"[{bar:<{width}}] {share * 100:3.0f}%  {size(p.bytes_done)} / {size(p.bytes_total)}  {what}  {name}"
-
-
-class Printer:
-    """One redrawn line on a terminal; a line every few seconds otherwise."""
-
-    def __init__(self, stream: Any = None) -> None:
-        self.stream = stream or sys.stderr
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self._last = 0.0
-        self._shown = ""
-        self._latest: Any = None
-        self._lock = threading.Lock()
-
-    def progress(self, p: Any, *, force: bool = False) -> None:
-        now = time.monotonic()
-        with self._lock:
-            self._latest = p
-            if not force and now - self._last < (REDRAW_EVERY_S if self.tty else LINE_EVERY_S):
-                return
-            self._last = now
-            line = progress_line(p)
-            if self.tty:
-                pad = max(0, len(self._shown) - len(line))
-                self.stream.write("\r" + line + " " * pad)
-                self._shown = line
-            else:
-                self.stream.write(line + "\n")
-            self.stream.flush()
-
-    def finish(self) -> None:
-        """The last progress, shown whatever the time since the previous line, then a new line."""
-        if self._latest is not None:
-            self.progress(dataclasses.replace(self._latest, phase="done"), force=True)
-        self.end_line()
-
-    def end_line(self) -> None:
-        with self._lock:
-            if self.tty and self._shown:
-                self.stream.write("\n")
-                self.stream.flush()
-            self._shown = ""
 
 
 # -- the command --------------------------------------------------------------------------------------
@@ -139,16 +54,13 @@ def _machine_and_options(config: Config) -> tuple[Any, Any]:
 
     try:
         from lmsp_tray.daemon import kv_budget, load_options
-        from lmsp_tray.engine.runtime import Runtime
+        from lmsp_tray.engine.devices import probe
 
-        runtime = Runtime(capture_logs=True)
-        try:
-            gpu = config.gpu != "off" and runtime.has_gpu
-            free = sum(d.free_bytes for d in runtime.devices) if gpu else None
-            total = sum(d.total_bytes for d in runtime.devices) if gpu else None
-            options = load_options(config, runtime)
-        finally:
-            runtime.close()
+        devices = probe()  # a short-lived process: the CLI does not load llama.cpp either
+        gpu = config.gpu != "off" and devices.has_gpu
+        free = devices.gpu_free_bytes if gpu else None
+        total = devices.gpu_total_bytes if gpu else None
+        options = load_options(config, devices)
     except Exception:  # noqa: BLE001 - no llama.cpp here: size the model for the CPU alone
         free = total = None
         options = LoadOptions(
@@ -158,12 +70,15 @@ def _machine_and_options(config: Config) -> tuple[Any, Any]:
     return machine, options
 
 
-def _puller(config: Config) -> Any:
+def _puller(paths: Paths, config: Config) -> Any:
+    from lmsp_tray.daemon import downloads_ledger
     from lmsp_tray.discovery.sources import huggingface_hub_dir
+    from lmsp_tray.hub.owned import Ledger
     from lmsp_tray.hub.pull import Puller
 
     machine, options = _machine_and_options(config)
-    return Puller(huggingface_hub_dir(os.environ, Path.home()), options=options, machine=lambda: machine)
+    ledger = Ledger(downloads_ledger(paths))  # what this pull fetches, the service may delete
+    return Puller(huggingface_hub_dir(os.environ, Path.home()), options=options, machine=lambda: machine, ledger=ledger)
 
 
 def run(paths: Paths, config: Config, args: argparse.Namespace) -> int:
@@ -174,7 +89,7 @@ def run(paths: Paths, config: Config, args: argparse.Namespace) -> int:
             service = running_service(paths)
             if service is not None:  # the service downloads it: the tray and the console show it
                 return pull_through_service(*service, args)
-        puller = _puller(config)
+        puller = _puller(paths, config)
         if args.list:
             return _list(puller, args.model)
         return _pull(paths, config, puller, args)
@@ -204,7 +119,7 @@ def _list(puller: Any, model: str) -> int:
         mark = "  (default)" if v.label == default else ""
         print(f"  {v.label:<12} {size(v.size):>9}  {files:<8} {note}{mark}")
     if found.projector:
-        print(f"  + {found.projector} (vision projector) comes along")
+        print(f"  + {found.projector} (multimodal projector) comes along")
     example = default or found.variants[0].label
     print(f"Pull one with: lmsp-tray pull hf.co/{listing.repo_id}:{example}")
     return 0
@@ -217,7 +132,7 @@ def _pull(paths: Paths, config: Config, puller: Any, args: argparse.Namespace) -
     plan = puller.plan(args.model, projector=not args.no_mmproj)
     print(f"{plan.ref}: {plan.reason}", file=sys.stderr)
     for f in plan.files:
-        role = "  (vision projector)" if f.role == "projector" else ""
+        role = "  (multimodal projector)" if f.role == "projector" else ""
         state = "  already here" if f.present else (f"  {size(f.partial)} already fetched" if f.partial else "")
         print(f"  {f.spec.path}  {size(f.spec.size)}{role}{state}", file=sys.stderr)
     if plan.fit is not None:

@@ -17,17 +17,14 @@ run, or its token cannot be found, `cli.pull` downloads in this process as befor
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
-from lmsp_tray.cli.pull import INTERRUPTED, Printer, size
-from lmsp_tray.cli.tokens import CommandError, ServiceAPI, ServiceUnreachable
+from lmsp_tray.cli.progress import INTERRUPTED, Printer, size
+from lmsp_tray.cli.service import CommandError, ServiceAPI, ServiceUnreachable, find_service
+from lmsp_tray.client.sse import stream_events
 from lmsp_tray.hub.pull import PullProgress
 from lmsp_tray.protocol import downloads as ev
 
@@ -35,28 +32,6 @@ RECONNECTS = 5
 RETRY_AFTER_S = 1.0
 IN_PROGRESS_WAIT_S = 120.0  # how long a retry waits for the first POST, still being planned, to finish
 READ_TIMEOUT_S = 120.0  # the task stream sends a keep-alive comment far more often than this
-
-
-def _events(url: str, token: str, task_id: str, after: int) -> Iterator[tuple[int, str, dict[str, Any]]]:
-    """(id, event, data) of the task's events after `after`, as they come."""
-    request = urllib.request.Request(f"{url}/tasks/{task_id}/events?after={after}")
-    request.add_header("Authorization", f"Bearer {token}")
-    request.add_header("Accept", "text/event-stream")
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the token stays on loopback
-    with opener.open(request, timeout=READ_TIMEOUT_S) as reply:
-        seq, name, data = 0, "", ""
-        for raw in reply:
-            line = raw.decode("utf-8").rstrip("\r\n")
-            if not line:
-                if data:
-                    yield seq, name, json.loads(data)
-                seq, name, data = 0, "", ""
-            elif line.startswith("id:"):
-                seq = int(line[3:].strip() or 0)
-            elif line.startswith("event:"):
-                name = line[6:].strip()
-            elif line.startswith("data:"):
-                data += line[5:].lstrip()
 
 
 def start_pull(api: ServiceAPI, body: dict[str, Any]) -> dict[str, Any]:
@@ -95,7 +70,7 @@ def _progress(data: dict[str, Any]) -> PullProgress:
 def _print_plan(download: dict[str, Any]) -> None:
     print(f"{download.get('model')}: {download.get('reason')}", file=sys.stderr)
     for f in download.get("files") or []:
-        role = "  (vision projector)" if f.get("role") == "projector" else ""
+        role = "  (multimodal projector)" if f.get("role") == "projector" else ""
         print(f"  {f.get('path')}  {size(f.get('size'))}{role}", file=sys.stderr)
     fit = download.get("fit") or {}
     if fit.get("summary"):
@@ -114,8 +89,12 @@ def pull_through_service(url: str, token: str, args: Any) -> int:
     try:
         for _attempt in range(RECONNECTS):
             try:
-                for seq, name, data in _events(url, token, task_id, last):
-                    last = max(last, seq)
+                events = stream_events(
+                    f"{url}/tasks/{task_id}/events?after={last}", token=token, timeout=READ_TIMEOUT_S
+                )
+                for event in events:
+                    last = max(last, int(event.id or 0))
+                    name, data = event.event, event.json()
                     if name == ev.CREATED:
                         _print_plan(data.get("download") or {})
                     elif name == ev.PROGRESS:
@@ -187,13 +166,7 @@ def _report(data: dict[str, Any], seconds: float) -> int:
 
 def running_service(paths: Any) -> tuple[str, str] | None:
     """(URL, token) of this home's running service, or None (not running, or no token to reach it)."""
-    from lmsp_tray.cli.tokens import _credentials
-    from lmsp_tray.instance import find_running, read_info
-
-    running = find_running(paths)
-    if running is None:
-        return None
     try:
-        return running.url, _credentials(paths, read_info(paths))
+        return find_service(paths)
     except CommandError:
         return None

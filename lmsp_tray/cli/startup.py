@@ -20,15 +20,16 @@ import sys
 import time
 from dataclasses import dataclass
 
+from lmsp_tray.client.finding import answers
 from lmsp_tray.config import Paths
 from lmsp_tray.instance import (
     SERVICE,
     InstanceInfo,
     InstanceLock,
     ShowRequests,
-    answers,
     ask_to_show,
     read_info,
+    wait_for_url,
     write_info,
 )
 
@@ -123,11 +124,7 @@ def claim_instance(paths: Paths, show: ShowRequests, wait_s: float = LOCK_WAIT_S
 
 def second_launch(paths: Paths, holder: InstanceInfo, reporter: Reporter, *, wait_s: float = URL_WAIT_S) -> int:
     """Another instance serves this home: say where, and ask it to show itself."""
-    deadline = time.monotonic() + wait_s
-    info = holder
-    while info.url is None and time.monotonic() < deadline and info.alive:
-        time.sleep(0.1)
-        info = read_info(paths) or info
+    info = wait_for_url(paths, holder, wait_s)
     if info.url is None:
         state = "it is still starting"
     elif answers(info.url, timeout=2.0):

@@ -24,31 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
-import urllib.error
-import urllib.request
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from lmsp_tray.auth.tokens import SCOPES
+from lmsp_tray.cli.service import TOKEN_ENV, CommandError, ServiceAPI, credentials, holder_url, quote_part
 from lmsp_tray.config import Config, Paths
-
-TOKEN_ENV = "LMSP_TRAY_TOKEN"
-
-
-class CommandError(Exception):
-    """A failure to report as one line on stderr (exit status 1)."""
-
-    def __init__(self, message: str, *, code: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code  # the problem's `code` when the service refused the request
-
-
-class ServiceUnreachable(CommandError):
-    """The service could not be reached, or the connection broke before its answer came."""
 
 
 def add_parser(commands: Any) -> None:
@@ -117,38 +100,16 @@ def _dispatch(paths: Paths, args: argparse.Namespace) -> int:
         time.sleep(0.05)
 
 
-def _service_url(paths: Paths, holder: Any) -> str:
-    """The running service's URL (it publishes it next to the lock once it listens)."""
-    from lmsp_tray.instance import answers, read_info
-
-    deadline = time.monotonic() + 15
-    info = holder
-    while info.url is None and time.monotonic() < deadline and info.alive:
-        time.sleep(0.1)
-        info = read_info(paths) or info
-    if info.url is None:
-        raise CommandError(
-            f"lmsp-tray is starting (pid {info.pid}) but does not listen yet; nothing was changed. Try again."
-        )
-    if not answers(info.url, timeout=5):
-        raise CommandError(
-            f"lmsp-tray runs for this data folder (pid {info.pid}) but does not answer at {info.url}; nothing "
-            "was changed, so no token was made that it would not know. Try again when it answers, or stop it "
-            "with `lmsp-tray stop` and run this command again."
-        )
-    return str(info.url)
-
-
 def _via_service(paths: Paths, holder: Any, args: argparse.Namespace) -> int:
     action = args.tokens_command
-    api = ServiceAPI(_service_url(paths, holder), _credentials(paths, holder))
+    api = ServiceAPI(holder_url(paths, holder), credentials(paths, holder))
     if action == "create":
         doc = api.call("POST", "/auth/tokens", {"name": args.name, "scopes": args.scope})
         return _created(doc["id"], doc["secret"], None if doc.get("in_keyring") else "")
     if action == "list":
         return _print_tokens(api.call("GET", "/auth/tokens")["data"], as_json=args.json)
     if action == "revoke":
-        doc = api.call("POST", f"/auth/tokens/{_quote(args.id)}/revoke")
+        doc = api.call("POST", f"/auth/tokens/{quote_part(args.id)}/revoke")
         print(f"revoked {doc['id']} ({doc['name']})", file=sys.stderr)
         return 0
     if action == "deny" and getattr(args, "all", False):
@@ -161,7 +122,7 @@ def _via_service(paths: Paths, holder: Any, args: argparse.Namespace) -> int:
                 f"name the code the app shows (lmsp-tray tokens {action} CODE)"
                 + (", or deny them all with --all" if action == "deny" else "")
             )
-        doc = api.call("POST", f"/auth/pairings/{_quote(args.code)}/{action}")
+        doc = api.call("POST", f"/auth/pairings/{quote_part(args.code)}/{action}")
         verb = "approved" if action == "approve" else "denied"
         print(f"{verb} {doc['app_name']!r} ({', '.join(doc['scopes'])}), code {doc['user_code']}", file=sys.stderr)
         return 0
@@ -202,87 +163,6 @@ def _direct(paths: Paths, args: argparse.Namespace) -> int:
     finally:
         db.close()
     raise CommandError(f"unknown action {action!r}")
-
-
-# -- with a running service: its API ------------------------------------------------------------
-def _credentials(paths: Paths, holder: Any | None) -> str:
-    """LMSP_TRAY_TOKEN, else the owner token from the keyring, else the owner token file."""
-    from lmsp_tray.auth.vault import KeyringUnavailable, OwnerTokenFile, SecretVault, TokenFileError
-
-    token = os.environ.get(TOKEN_ENV, "").strip()
-    if token:
-        return token
-    runtime = Path(holder.runtime_dir) if holder is not None and holder.runtime_dir else paths.runtime_dir
-    try:
-        owner_id = json.loads((runtime / paths.discovery_file.name).read_text(encoding="utf-8")).get("owner_token_id")
-    except (OSError, ValueError, AttributeError):
-        owner_id = None
-    keyring_problem = ""
-    if owner_id:
-        try:
-            secret = SecretVault().load(owner_id)
-        except KeyringUnavailable as exc:
-            secret, keyring_problem = None, str(exc.reason)
-        if secret:
-            return secret
-        keyring_problem = keyring_problem or "the owner token is missing from the OS keyring"
-    try:
-        return OwnerTokenFile(runtime / "owner-token").read()
-    except TokenFileError as exc:
-        file_problem = str(exc)
-    why = f"{keyring_problem}; " if keyring_problem else ""
-    raise CommandError(
-        f"cannot authenticate to the running lmsp-tray: {why}{file_problem}. Set {TOKEN_ENV} to a token with "
-        "the tokens:manage scope, or restart lmsp-tray (it makes a new owner token)."
-    )
-
-
-class ServiceAPI:
-    def __init__(self, url: str, token: str) -> None:
-        self.url = url.rstrip("/")
-        self._token = token
-
-    def call(self, method: str, path: str, body: Any = None, *, headers: dict[str, str] | None = None) -> Any:
-        data = None if body is None else json.dumps(body).encode("utf-8")
-        request = urllib.request.Request(self.url + path, data=data, method=method)
-        request.add_header("Authorization", f"Bearer {self._token}")
-        for name, value in (headers or {}).items():
-            request.add_header(name, value)
-        if data is not None:
-            request.add_header("Content-Type", "application/json")
-        # No proxies: the owner token must never travel anywhere but the loopback service.
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        try:
-            with opener.open(request, timeout=60) as reply:  # loopback URL from service.json
-                return json.loads(reply.read())
-        except urllib.error.HTTPError as exc:
-            line, code = _problem_line(exc)
-            raise CommandError(line, code=code) from None
-        except OSError as exc:
-            raise ServiceUnreachable(f"cannot reach lmsp-tray at {self.url}: {type(exc).__name__}") from None
-        except ValueError as exc:
-            raise CommandError(f"cannot reach lmsp-tray at {self.url}: {type(exc).__name__}") from None
-
-
-def _problem_line(exc: urllib.error.HTTPError) -> tuple[str, str | None]:
-    """The line to print for a refused request, and the problem's code."""
-    try:
-        doc = json.loads(exc.read())
-        detail, code = doc.get("detail"), doc.get("code")
-    except (OSError, ValueError, AttributeError):
-        detail, code = None, None
-    if code == "unauthorized":
-        return (
-            f"the service refused the token ({detail}): if {TOKEN_ENV} is set, check it; otherwise restart "
-            "lmsp-tray, which makes a new owner token."
-        ), code
-    return f"{detail or exc.reason} ({code or exc.code})", code
-
-
-def _quote(part: str) -> str:
-    from urllib.parse import quote
-
-    return quote(part, safe="")
 
 
 # -- output ---------------------------------------------------------------------------------------

@@ -5,7 +5,9 @@
 // response ids and sampling settings) in localStorage, and reads the turns back from the service.
 // Stop aborts the request: the service notices the closed connection and stops decoding at once. A
 // stopped answer stays on screen but is not part of the conversation (the service keeps finished
-// turns only).
+// turns only). With a vision model, images can be attached (the button, pasting, or dropping files on
+// the composer): they go with the message as `input_image` parts (data: URLs). With a model that takes
+// audio, audio files likewise (the button or dropping them), as `input_audio` parts (base64 and format).
 
 import { renderMarkdown } from "./markdown.js";
 import { bytes, h, ms, problemText, rate, replace, toast } from "./ui.js";
@@ -19,6 +21,8 @@ let el = {};
 let models = [];
 let running = null; // {controller} while an answer streams
 let shownChat = null; // the id of the conversation on screen
+let attached = []; // data: URLs of the images and audio files to send with the next message
+const MAX_ATTACHED = 8;
 
 // -- conversations in localStorage ---------------------------------------------------------------
 function chats() {
@@ -76,13 +80,21 @@ export function mount(root, context) {
     onkeydown: onPromptKey,
   });
   el.send = h("button", { type: "submit", class: "primary" }, "Send");
+  el.file = h("input", { type: "file", accept: "image/*", multiple: true, hidden: true, onchange: onFiles });
+  el.attach = h(
+    "button",
+    { type: "button", id: "chat-attach", hidden: true, title: "Attach images", onclick: () => el.file.click() },
+    "Attach image",
+  );
+  el.attached = h("div", { class: "attached", "aria-label": "Attached files" });
+  el.prompt.addEventListener("paste", onPaste);
   el.stop = h("button", { type: "button", class: "danger", hidden: true, onclick: stop }, "Stop");
   el.form = h(
     "form",
-    { class: "composer", onsubmit: onSubmit },
+    { class: "composer", onsubmit: onSubmit, ondragover: onDragOver, ondrop: onDrop },
     h("label", { for: "chat-prompt", class: "visually-hidden" }, "Message"),
-    el.prompt,
-    h("div", { class: "composer-buttons" }, el.send, el.stop),
+    h("div", { class: "composer-input" }, el.attached, el.prompt),
+    h("div", { class: "composer-buttons" }, el.file, el.attach, el.send, el.stop),
   );
   replace(
     root,
@@ -118,7 +130,8 @@ export function hide() {}
 
 async function refreshModels() {
   try {
-    const generates = (m) => !(m.capabilities || []).includes("embeddings") || m.capabilities.includes("text");
+    const caps = (m) => m.capabilities || [];
+    const generates = (m) => caps(m).includes("text") || !(caps(m).includes("embeddings") || caps(m).includes("rerank"));
     const list = (await ctx.api.get("/models")).data.filter((m) => m.state !== "error" && generates(m));
     const rank = { loaded: 0, loading: 1, unloading: 2, available: 3 };
     models = list.sort((a, b) => rank[a.state] - rank[b.state] || a.id.localeCompare(b.id));
@@ -141,7 +154,115 @@ function describeModel() {
   const detail = { loaded: "loaded", loading: "loading…", unloading: "unloading…", available: "loads on the first message" };
   const ext = (model.extensions && model.extensions.lmsp_tray) || {};
   const share = model.state === "loading" && ext.load_progress != null ? ` ${Math.round(ext.load_progress * 100)}%` : "";
-  el.modelState.textContent = `${detail[model.state] || model.state}${share} · ${bytes(model.size_bytes)}`;
+  const sees = takesImages(model);
+  const hears = takesAudio(model);
+  const kinds = `${sees ? " · vision" : ""}${hears ? " · audio" : ""}`;
+  el.modelState.textContent = `${detail[model.state] || model.state}${share} · ${bytes(model.size_bytes)}${kinds}`;
+  el.attach.hidden = !sees && !hears;
+  el.file.accept = [sees ? "image/*" : "", hears ? "audio/*" : ""].filter(Boolean).join(",");
+  const what = sees && hears ? "images or audio" : sees ? "images" : "audio";
+  el.attach.title = `Attach ${what}`;
+  el.attach.textContent = sees && hears ? "Attach file" : sees ? "Attach image" : "Attach audio";
+  const kept = attached.filter((url) => (isAudio(url) ? hears : sees));
+  if (kept.length !== attached.length) setAttached(kept);
+}
+
+function modalities(model) {
+  const ext = (model && model.extensions && model.extensions.lmsp_tray) || {};
+  return ext.input_modalities || [];
+}
+
+function takesImages(model) {
+  return modalities(model).includes("image");
+}
+
+function takesAudio(model) {
+  return modalities(model).includes("audio");
+}
+
+function isAudio(url) {
+  return url.startsWith("data:audio/");
+}
+
+// What the service reads an audio file as, from its MIME type (OpenAI's input_audio `format`).
+const AUDIO_FORMATS = { "audio/wav": "wav", "audio/x-wav": "wav", "audio/wave": "wav", "audio/vnd.wave": "wav",
+  "audio/mpeg": "mp3", "audio/mp3": "mp3", "audio/flac": "flac", "audio/x-flac": "flac" };
+
+function audioPart(url) {
+  const [head, data] = url.split(",", 2);
+  const mime = head.slice(5).split(";")[0];
+  return { type: "input_audio", input_audio: { data, format: AUDIO_FORMATS[mime] || "" } };
+}
+
+function audioUrl(part) {
+  const mime = { wav: "audio/wav", mp3: "audio/mpeg", flac: "audio/flac" }[part.input_audio.format] || "audio/wav";
+  return `data:${mime};base64,${part.input_audio.data}`;
+}
+
+// -- images --------------------------------------------------------------------------------------
+function setAttached(list) {
+  attached = list.slice(0, MAX_ATTACHED);
+  replace(
+    el.attached,
+    attached.map((url, i) =>
+      h("span", { class: isAudio(url) ? "thumb sound" : "thumb" },
+        isAudio(url)
+          ? h("audio", { src: url, controls: true, "aria-label": `Attached audio ${i + 1}` })
+          : h("img", { src: url, alt: `Attached image ${i + 1}` }),
+        h("button", { type: "button", title: "Remove", "aria-label": `Remove ${isAudio(url) ? "audio" : "image"} ${i + 1}`,
+          onclick: () => setAttached(attached.filter((_, j) => j !== i)) }, "×"),
+      ),
+    ),
+  );
+}
+
+function readImage(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
+async function addImages(files) {
+  const images = [...files].filter((f) => f.type.startsWith("image/"));
+  const sounds = [...files].filter((f) => f.type.startsWith("audio/"));
+  if (!images.length && !sounds.length) return false;
+  const model = models.find((m) => m.id === el.model.value);
+  if (images.length && !takesImages(model)) {
+    toast("This model does not take images: choose a model listed with vision.", "error");
+    return true;
+  }
+  if (sounds.length && !takesAudio(model)) {
+    toast("This model does not take audio: choose a model listed with audio.", "error");
+    return true;
+  }
+  setAttached([...attached, ...(await Promise.all([...images, ...sounds].map(readImage)))]);
+  return true;
+}
+
+function onFiles() {
+  addImages(el.file.files);
+  el.file.value = "";
+}
+
+function onPaste(event) {
+  const files = event.clipboardData ? event.clipboardData.files : [];
+  if (files && files.length && [...files].some((f) => f.type.startsWith("image/"))) {
+    event.preventDefault();
+    addImages(files);
+  }
+}
+
+function onDragOver(event) {
+  if (event.dataTransfer && [...event.dataTransfer.types].includes("Files")) event.preventDefault();
+}
+
+function onDrop(event) {
+  if (!event.dataTransfer || !event.dataTransfer.files.length) return;
+  event.preventDefault();
+  addImages(event.dataTransfer.files);
 }
 
 function onModelChange() {
@@ -212,7 +333,7 @@ async function openChat(chat) {
   const turns = await Promise.all(chat.turns.map((id) => loadTurn(id)));
   el.messages.replaceChildren();
   for (const turn of turns) {
-    el.messages.append(userMessage(turn.user));
+    el.messages.append(userMessage(turn.user, turn.images));
     const answer = assistantMessage();
     if (turn.missing) answer.status("This turn is no longer stored on the service.", "warning");
     else {
@@ -233,10 +354,17 @@ async function loadTurn(id) {
       ctx.api.get(`/responses/${encodeURIComponent(id)}`),
       ctx.api.get(`/responses/${encodeURIComponent(id)}/input_items`),
     ]);
-    const user = input.data
-      .filter((item) => item.type === "message" && item.role === "user")
+    const users = input.data.filter((item) => item.type === "message" && item.role === "user");
+    const user = users
       .map((item) => (typeof item.content === "string" ? item.content : item.content.map((p) => p.text || "").join("")))
       .join("\n");
+    const images = users.flatMap((item) =>
+      typeof item.content === "string"
+        ? []
+        : item.content
+            .filter((p) => p.type === "input_image" || (p.type === "input_audio" && p.input_audio))
+            .map((p) => (p.type === "input_audio" ? audioUrl(p) : p.image_url)),
+    );
     const text = response.output
       .filter((item) => item.type === "message")
       .map((item) => item.content.map((p) => p.text || "").join(""))
@@ -245,7 +373,7 @@ async function loadTurn(id) {
       .filter((item) => item.type === "reasoning")
       .map((item) => (item.summary || []).map((s) => s.text).join(""))
       .join("\n");
-    return { id, user, text, thinking, usage: response.usage, status: response.status };
+    return { id, user, images, text, thinking, usage: response.usage, status: response.status };
   } catch {
     return { user: "", missing: true };
   }
@@ -266,8 +394,19 @@ async function deleteChat(chat) {
 }
 
 // -- messages ------------------------------------------------------------------------------------
-function userMessage(text) {
-  return h("li", { class: "msg user" }, h("div", { class: "who" }, "You"), h("div", { class: "bubble plain" }, text));
+function userMessage(text, images = []) {
+  const pictures = (images || []).filter(Boolean).map((url, i) =>
+    isAudio(url)
+      ? h("audio", { class: "sent-audio", src: url, controls: true, "aria-label": `Audio ${i + 1}` })
+      : h("img", { class: "sent-image", src: url, alt: `Image ${i + 1}` }),
+  );
+  return h(
+    "li",
+    { class: "msg user" },
+    h("div", { class: "who" }, "You"),
+    pictures.length ? h("div", { class: "sent-images" }, ...pictures) : null,
+    h("div", { class: "bubble plain" }, text),
+  );
 }
 
 /** An answer being written: set its thinking, text, figures and status as they come. */
@@ -331,10 +470,12 @@ function onPromptKey(event) {
 function onSubmit(event) {
   event.preventDefault();
   const text = el.prompt.value.trim();
-  if (!text || running) return;
+  if ((!text && !attached.length) || running) return;
   if (!el.model.value) return toast("There is no model to chat with: add one in the Models view.", "error");
   el.prompt.value = "";
-  send(text);
+  const images = attached;
+  setAttached([]);
+  send(text, images);
 }
 
 function stop() {
@@ -349,18 +490,24 @@ function busy(on) {
   else el.prompt.focus();
 }
 
-async function send(text) {
+async function send(text, images = []) {
   const chat = currentChat() || newChat();
   chat.model = el.model.value;
   const settings = { ...DEFAULT_SETTINGS, ...chat.settings };
-  const body = { model: chat.model, input: text, stream: true, store: true };
+  const input = images.length
+    ? [{ role: "user", content: [
+        ...(text ? [{ type: "input_text", text }] : []),
+        ...images.map((url) => (isAudio(url) ? audioPart(url) : { type: "input_image", image_url: url })),
+      ] }]
+    : text;
+  const body = { model: chat.model, input, stream: true, store: true };
   if (settings.temperature !== "") body.temperature = Number(settings.temperature);
   if (settings.max_output_tokens !== "") body.max_output_tokens = Number(settings.max_output_tokens);
   if (settings.instructions) body.instructions = settings.instructions;
   if (chat.turns.length) body.previous_response_id = chat.turns[chat.turns.length - 1];
 
   el.messages.querySelector(".empty")?.remove();
-  el.messages.append(userMessage(text));
+  el.messages.append(userMessage(text, images));
   const answer = assistantMessage();
   el.messages.append(answer.node);
   const model = models.find((m) => m.id === chat.model);
@@ -410,7 +557,8 @@ async function send(text) {
     if (final.status === "completed" || final.status === "incomplete") {
       chat.turns.push(responseId);
       chat.figures = { ...(chat.figures || {}), [responseId]: timing }; // measured here, kept for reopening
-      if (chat.turns.length === 1) chat.title = text.length > 48 ? `${text.slice(0, 47)}…` : text;
+      const title = text || (images.some(isAudio) ? "Audio" : "An image");
+      if (chat.turns.length === 1) chat.title = title.length > 48 ? `${title.slice(0, 47)}…` : title;
       chat.updated = Date.now();
       updateChat(chat);
       renderList();

@@ -1,8 +1,12 @@
-// Models: everything discovery found, with where each file is and what it is; load and unload with
-// their progress; where a loaded model runs and the memory it takes; files that cannot be used, apart,
-// with the whole reason.
+// Models: the backend and devices the service runs with; everything discovery found, with where each
+// file is and what it is; load and unload with their progress; where a loaded model runs (its layers on
+// the GPU, or the CPU) and the memory it takes on each device; files that cannot be used, apart, with the
+// whole reason.
 
 import { modelPath } from "./api.js";
+import { hardwarePanel, loadHardware, memoryByDevice } from "./hardware.js";
+import { discoverPanel } from "./discover.js";
+import { settingsPanel } from "./model_settings.js";
 import { bytes, count, every, h, problemText, replace, toast } from "./ui.js";
 
 const SOURCES = {
@@ -19,16 +23,20 @@ let el = {};
 let stopPolling = null;
 let fastUntil = 0; // poll every second while a load or unload may be running
 const started = new Map(); // model id -> when this page saw it start loading
+const panels = new Map(); // model id -> its settings panel (kept across refreshes, so an edit is not lost)
 
 export function mount(root, context) {
   ctx = context;
   el.summary = h("p", { class: "muted", "aria-live": "polite" });
+  el.hardware = h("div", {});
   el.grid = h("div", { class: "cards" });
   el.broken = h("section", { class: "broken", hidden: true, "aria-labelledby": "broken-title" });
   replace(
     root,
     h("div", { class: "page" },
       h("div", { class: "page-head" }, h("h1", {}, "Models"), el.summary),
+      el.hardware,
+      discoverPanel(context, () => refresh()),
       el.grid,
       el.broken,
     ),
@@ -36,6 +44,7 @@ export function mount(root, context) {
 }
 
 export async function show() {
+  loadHardware(ctx.api).then((hw) => replace(el.hardware, hardwarePanel(hw)), () => replace(el.hardware));
   await refresh();
   let tick = 0;
   stopPolling = every(1, async () => {
@@ -50,9 +59,9 @@ export function hide() {
 }
 
 async function refresh() {
-  let list, incomplete;
+  let list, incomplete, listing;
   try {
-    const listing = await ctx.api.get("/models");
+    listing = await ctx.api.get("/models");
     list = listing.data;
     incomplete = (listing.extensions && listing.extensions.lmsp_tray && listing.extensions.lmsp_tray.incomplete_files) || [];
   } catch (error) {
@@ -62,7 +71,8 @@ async function refresh() {
   const broken = list.filter((m) => !usable.includes(m)).concat(incomplete.map(asBroken));
   if (list.some((m) => m.state === "loading" || m.state === "unloading")) fastUntil = Date.now() + 2000;
   const loaded = usable.filter((m) => m.state === "loaded").length;
-  el.summary.textContent = `${count(usable.length, "model")} · ${loaded} loaded`;
+  const disk = listing.extensions && listing.extensions.lmsp_tray && listing.extensions.lmsp_tray.disk_bytes;
+  el.summary.textContent = `${count(usable.length, "model")} · ${loaded} loaded${disk ? ` · ${bytes(disk)} on disk` : ""}`;
   replace(el.grid, usable.length ? usable.map(card) : h("p", { class: "empty" }, emptyText()));
   renderBroken(broken);
 }
@@ -105,6 +115,11 @@ function card(model) {
   actions.append(
     h("button", { type: "button", class: "quiet", onclick: () => reveal(model), "aria-label": `Open the folder of ${model.id}` }, "Open folder"),
   );
+  if (ext.deletable) {
+    actions.append(
+      h("button", { type: "button", class: "quiet danger", disabled: busy, onclick: () => remove(model), "aria-label": `Delete ${model.id}` }, "Delete"),
+    );
+  }
   const body = [
     h("div", { class: "card-head" },
       h("h2", { class: "model-id" }, model.id),
@@ -114,7 +129,9 @@ function card(model) {
     h("dl", { class: "facts" }, facts.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
     // Fill-in-the-middle is an extension on /lmsp/v1 (LMSP fixes the capability names); shown as one.
     h("ul", { class: "chips", "aria-label": "Capabilities" },
-      [...(model.capabilities || []), ...(ext.fill_in_the_middle ? ["fill-in-the-middle"] : [])].map((c) => h("li", {}, c))),
+      [...(model.capabilities || []), ...(ext.fill_in_the_middle ? ["fill-in-the-middle"] : []),
+        ...((ext.input_modalities || []).includes("image") ? ["vision"] : []),
+        ...((ext.input_modalities || []).includes("audio") ? ["audio"] : [])].map((c) => h("li", {}, c))),
   ];
   if (model.state === "loading" || model.state === "unloading") {
     if (!started.has(model.id)) started.set(model.id, Date.now());
@@ -132,18 +149,24 @@ function card(model) {
   }
   if (model.state === "loaded") {
     const memory = (ext.memory_bytes || 0) + (ext.gpu_memory_bytes || 0);
+    const layers = ext.total_layers ? `${ext.gpu_layers || 0} of ${ext.total_layers} layers on the GPU` : "";
+    const where = memoryByDevice(ext);
     body.push(
       h("p", { class: "runs" },
         h("strong", {}, "Runs on "), ext.placement || ext.device || "–",
         ext.parallel ? ` · ${count(ext.parallel, "parallel sequence")}` : "",
         memory ? ` · about ${bytes(memory)} of memory${ext.gpu_memory_bytes ? ` (${bytes(ext.gpu_memory_bytes)} on the GPU)` : ""}` : "",
       ),
+      h("p", { class: "placement muted" }, [layers, where ? `memory: ${where}` : ""].filter(Boolean).join(" · ")),
     );
+    if (ext.gpu_fallback) body.push(h("p", { class: "problem gpu-fallback" }, `Fewer layers on the GPU: ${ext.gpu_fallback}`));
   }
   if (model.state === "error" && model.error) {
     body.push(h("p", { class: "problem" }, model.error.detail));
   }
   body.push(actions);
+  if (!panels.has(model.id)) panels.set(model.id, settingsPanel(ctx, model, () => refresh()));
+  body.push(panels.get(model.id));
   return h("article", { class: "card model", "aria-label": model.id }, body);
 }
 
@@ -187,6 +210,27 @@ async function act(model, action) {
     fastUntil = Date.now() + 2000;
     await refresh();
   }
+}
+
+/** Delete a model the service owns (the button shows only on those), after the person confirms. */
+async function remove(model) {
+  if (!window.confirm(`Delete ${model.id} (${bytes(model.size_bytes)}) from disk? This cannot be undone.`)) return;
+  const path = modelPath(model.id);
+  try {
+    let result;
+    try {
+      result = await ctx.api.call("DELETE", path);
+    } catch (error) {
+      if (error.status !== 409 || !/generating/.test(error.message)) throw error;
+      if (!window.confirm(`${model.id} is generating. Stop its requests and delete it anyway?`)) return;
+      result = await ctx.api.call("DELETE", `${path}?force=true`);
+    }
+    panels.delete(model.id);
+    toast(`Deleted ${model.id}: ${bytes(result.freed_bytes)} freed.`);
+  } catch (error) {
+    toast(problemText(error), "error");
+  }
+  await refresh();
 }
 
 async function reveal(model) {

@@ -1,7 +1,9 @@
 // Settings: the common config.toml keys in a form. The service checks each value by the same rules as
 // at start, writes config.toml back keeping its comments and other keys, applies what it can at once
-// and says what waits for a restart or for the next model load.
+// and says what waits for a restart or for the next model load. Above the form: the backend and devices
+// the service runs with (what the GPU setting acts on).
 
+import { hardwarePanel, loadHardware } from "./hardware.js";
 import { h, problemText, replace, toast } from "./ui.js";
 
 const APPLIES = { restart: "after a restart", now: "applies at once", next_load: "from the next model load" };
@@ -16,15 +18,17 @@ export function mount(root, context) {
   el.file = h("p", { class: "muted" });
   el.banner = h("p", { class: "banner warning", hidden: true, role: "status" });
   el.fields = h("div", { class: "settings-fields" });
+  el.hardware = h("div", {});
   el.save = h("button", { type: "submit", class: "primary" }, "Save");
   el.reset = h("button", { type: "button", class: "quiet", onclick: () => render(doc) }, "Undo changes");
   el.form = h("form", { class: "settings", onsubmit: save, novalidate: true },
     el.fields, h("div", { class: "actions" }, el.save, el.reset));
   replace(root, h("div", { class: "page narrow" },
-    h("div", { class: "page-head" }, h("h1", {}, "Settings"), el.file), el.banner, el.form));
+    h("div", { class: "page-head" }, h("h1", {}, "Settings"), el.file), el.hardware, el.banner, el.form));
 }
 
 export async function show() {
+  loadHardware(ctx.api).then((hw) => replace(el.hardware, hardwarePanel(hw)), () => replace(el.hardware));
   try {
     render(await ctx.api.get("/settings"));
   } catch (error) {
@@ -73,9 +77,10 @@ function row(field, value, running) {
   } else if (field.kind === "duration") {
     input = h("input", { id, type: "text", value: value ?? "", spellcheck: "false" });
   } else {
-    const min = field.kind === "port" || field.kind === "int" || field.kind === "auto_int" ? 1 : null;
-    input = h("input", { id, type: "number", min, max: field.kind === "port" ? 65535 : null, step: 1, value: value ?? "",
-      placeholder: field.kind === "auto_int" ? "auto" : null });
+    const port = field.kind === "port" || field.kind === "optional_port";
+    const min = port || field.kind === "int" || field.kind === "auto_int" ? 1 : null;
+    input = h("input", { id, type: "number", min, max: port ? 65535 : null, step: 1, value: value ?? "",
+      placeholder: field.kind === "auto_int" ? "auto" : field.kind === "optional_port" ? "off" : null });
   }
   const help = h("p", { class: "help muted", id: `${id}-help` }, field.help, " ", h("span", { class: `applies ${field.applies}` }, APPLIES[field.applies]));
   const error = h("p", { class: "field-error", id: `${id}-error`, hidden: true });
@@ -93,7 +98,7 @@ function valueOf({ field, input }) {
   if (field.kind === "scopes") return [...input.querySelectorAll("input:checked")].map((i) => i.value);
   if (field.kind === "folders") return input.value.split("\n").map((s) => s.trim()).filter(Boolean);
   if (field.kind === "choice" || field.kind === "duration") return input.value.trim();
-  if (input.value.trim() === "") return field.kind === "auto_int" ? null : "";
+  if (input.value.trim() === "") return field.kind === "auto_int" || field.kind === "optional_port" ? null : "";
   return Number(input.value);
 }
 

@@ -27,12 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from lmsp_tray.private import write_private
+
 APP_ID = "lmsp-tray"
 DESKTOP_FILE = "lmsp-tray.desktop"
 LAUNCH_AGENT_LABEL = "dev.lmsp-tray"
 RUN_KEY = r"Software\Microsoft\Windows\CurrentVersion\Run"
 APPROVED_KEY = r"Software\Microsoft\Windows\CurrentVersion\Explorer\StartupApproved\Run"
 ACTIONS = ("enable", "disable", "status")
+LOGIN_ITEM_MODE = 0o644  # a login item (.desktop, LaunchAgent plist) is read by the session, as usual
 
 
 class AutostartError(Exception):
@@ -434,9 +437,7 @@ class Unsupported:
 def _write_atomic(path: Path, data: bytes) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        write_private(path, data, mode=LOGIN_ITEM_MODE)
     except OSError as exc:
         raise AutostartError(f"cannot write {path}: {exc.strerror or exc}") from None
 

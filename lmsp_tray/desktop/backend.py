@@ -1,4 +1,4 @@
-"""The daemon as the tray sees it: `DaemonTrayBackend`, and `run_tray` that puts the two together.
+"""The daemon as the tray sees it: `DaemonTrayBackend`, the `TrayBackend` over a live `Daemon`.
 
 `lmsp_tray.desktop.tray` knows nothing of the service; it talks to a `TrayBackend`.
 This module implements that protocol over the live `Daemon`, in process (no
@@ -7,15 +7,9 @@ HTTP): the menu's model list is the catalog plus the `ModelManager`'s states
 a model calls `ModelManager.acquire` / `unload` directly (the tray runs clicks on
 worker threads, so a load may block for seconds), Rescan is the folder watcher's
 rescan, and Quit stops the daemon the same way SIGTERM does (open streams end
-with a terminal event, models unload, the discovery file goes).
-
-`run_tray(daemon, sock, …)` is what the bare `lmsp-tray` command runs when a
-display is there: it chooses the tray backend (`toolkit.choose_backend`), runs
-the tray on the main thread and the HTTP server on a background thread, and
-redraws the menu as soon as the model manager or the folder watcher reports a
-change (the tray's 0.5 s poll catches the rest). It says "from the system tray"
-only once the icon is really shown; when no tray can show it, it says so in one
-line and a notification and serves headless. A second launch opens the menu.
+with a terminal event, models unload, the discovery file goes). What puts this
+backend, the tray and the service's notifications together is
+`lmsp_tray.desktop.compose.run_tray`.
 
 `TrayHooks` is the one place the daemon hands the tray its owner token,
 pairing requests and keyring trouble: see `tray_hooks()` below. The desktop
@@ -28,9 +22,7 @@ a crashed model's reason beside the model.
 from __future__ import annotations
 
 import logging
-import signal
-import sys
-import threading
+import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,22 +33,44 @@ from lmsp_tray.desktop.menu import (
     MODEL_ERROR,
     DownloadView,
     ModelView,
+    OllamaPortView,
     PairingView,
     ProblemFile,
     TrayState,
+    display_path,
     full_reason,
+    human_size,
     short_reason,
 )
+from lmsp_tray.engine.devices import BACKEND_NAMES
 from lmsp_tray.errors import LMSPError, ModelNotFound
 
 if TYPE_CHECKING:
-    import socket
-
     from lmsp_tray.daemon import Daemon
     from lmsp_tray.desktop.autostart import Autostart
-    from lmsp_tray.instance import ShowRequests
 
 log = logging.getLogger("lmsp_tray.desktop.tray")
+
+OLLAMA_PORT = 11434  # Ollama's own port, where its apps knock; what the menu item turns on
+
+
+def compute_text(devices: Any, gpu_setting: str = "auto") -> str:
+    """Where the models run, in a few words: the GPUs llama.cpp offloads to (backend, device, memory),
+    else the CPU and why not a GPU."""
+    gpus = tuple(getattr(devices, "gpus", ()) or ())
+    cpu = next((d for d in getattr(devices, "devices", ()) if d.type == "cpu"), None)
+    on_cpu = f"the CPU ({cpu.description})" if cpu is not None and cpu.description else "the CPU"
+    if gpus and gpu_setting != "off":
+        backend = BACKEND_NAMES.get(devices.backend, devices.backend)
+        shown = ", ".join(f"{g.description or g.name} ({human_size(g.total_bytes)})" for g in gpus)
+        return f"{backend}: {shown}"
+    if devices is None or getattr(devices, "error", None):
+        return f"{on_cpu}: the device probe failed"
+    if gpus:
+        return f"{on_cpu}: GPU off in the settings"
+    if devices.cpu_fallback:
+        return f"{on_cpu}: llama.cpp's {BACKEND_NAMES.get(devices.backend, devices.backend)} sees no device"
+    return f"{on_cpu}: llama.cpp is built without a GPU backend"
 
 
 # -- hooks the security work fills in ---------------------------------------------------------------
@@ -73,15 +87,6 @@ class PairingLike(Protocol):
     def scopes(self) -> Sequence[str]: ...
     @property
     def user_code(self) -> str: ...
-
-
-class Reporter(Protocol):
-    """How the tray tells the person something before or without an icon (the CLI's `Reporter`):
-    a line on stderr, the log file and a desktop notification."""
-
-    def notice(self, message: str, *, summary: str, stream: str = "stderr", notify: bool = True) -> None: ...
-
-    def notify(self, summary: str, body: str, *, critical: bool = False) -> bool: ...
 
 
 def _no_token() -> str | None:
@@ -159,14 +164,6 @@ def tray_hooks(daemon: Daemon) -> TrayHooks:
     )
 
 
-def display_path(path: Path) -> str:
-    """`path` with the home folder written as ~."""
-    try:
-        return "~/" + str(path.resolve().relative_to(Path.home().resolve()))
-    except (ValueError, RuntimeError, OSError):
-        return str(path)
-
-
 # -- the backend ------------------------------------------------------------------------------------
 
 
@@ -178,6 +175,8 @@ class DaemonTrayBackend:
         self.autostart = autostart
         self.hooks = hooks if hooks is not None else TrayHooks()
         self._autostart_failing = False
+        self._config_stamp: int | None = -1  # config.toml's mtime when `ollama_port` was last read from it
+        self._config_ollama: int | None = None
 
     # -- state ------------------------------------------------------------------------------------
     def snapshot(self) -> TrayState:
@@ -200,7 +199,43 @@ class DaemonTrayBackend:
             models_folder=display_path(d.paths.models_dir),
             token_session_only=self._session_token(),
             downloads=self._downloads(),
+            compute=compute_text(d.devices, getattr(d.config, "gpu", "auto")),
+            ollama=self._ollama(),
         )
+
+    def _ollama(self) -> OllamaPortView:
+        """`ollama_port` as config.toml says now (it may have changed since the start: the console, this
+        menu) and as it runs."""
+        d = self.daemon
+        running = getattr(d.config, "ollama_port", None)
+        wanted = self._configured_ollama_port(running)
+        return OllamaPortView(
+            wanted or running or OLLAMA_PORT,
+            wanted is not None,
+            getattr(d, "ollama_url", None) is not None,
+            taken=getattr(d, "ollama_refused", None) is not None and wanted == running,
+        )
+
+    def _configured_ollama_port(self, running: int | None) -> int | None:
+        """`ollama_port` in config.toml, read again only when the file changed; `running` where there is no
+        file (set on the command line) or it cannot be read."""
+        path = self.daemon.paths.config_file
+        try:
+            stamp = path.stat().st_mtime_ns
+        except OSError:
+            stamp = None
+        if stamp != self._config_stamp:
+            self._config_stamp = stamp
+            self._config_ollama = running
+            if stamp is not None:
+                try:
+                    with path.open("rb") as fh:
+                        raw = tomllib.load(fh)
+                    port = raw.get("ollama_port", raw.get("ollama-port"))
+                    self._config_ollama = port if isinstance(port, int) and port > 0 else None
+                except (OSError, tomllib.TOMLDecodeError):
+                    pass  # being written, or broken: the running value until it can be read
+        return self._config_ollama
 
     def _downloads(self) -> tuple[DownloadView, ...]:
         downloads = getattr(self.daemon, "downloads", None)
@@ -330,145 +365,13 @@ class DaemonTrayBackend:
         if downloads is None or not downloads.cancel_soon(task_id):
             raise RuntimeError("that download has already ended")
 
+    def set_ollama_port(self, enabled: bool) -> None:
+        """Write `ollama_port` to config.toml as the console's settings do (Ollama's port, or removed);
+        the listener opens or closes at the next start."""
+        view = self._ollama()
+        self.daemon.settings.update({"ollama_port": view.port if enabled else None})
+
     def quit(self) -> None:
         """The user chose Quit: end open streams with a terminal event, stop serving, unload."""
         log.info("Quit chosen in the tray, shutting down")
         self.daemon.stop_background()
-
-
-# -- running --------------------------------------------------------------------------------------
-
-
-def _headless(daemon: Daemon, sock: socket.socket, reporter: Reporter, show: ShowRequests, reason: str) -> int:
-    """No tray can be shown: say so (one line, a notification), then serve in the foreground."""
-    from lmsp_tray.desktop.system import headless_message
-
-    reporter.notice(headless_message(daemon.url, reason), summary="lmsp-tray runs without a tray icon")
-    url = daemon.url
-
-    def shown_headless() -> None:
-        reporter.notify(
-            "lmsp-tray is already running",
-            f"It serves {url} without a tray icon: {reason}. Stop it with `lmsp-tray stop`.",
-        )
-
-    show.set_handler(shown_headless)
-    daemon.serve_forever(sock)
-    return 0
-
-
-def run_tray(
-    daemon: Daemon,
-    sock: socket.socket,
-    *,
-    show: ShowRequests,
-    reporter: Reporter,
-    first_run: bool = False,
-    model_count: int = 0,
-    autostart: Autostart | None = None,
-    hooks: TrayHooks | None = None,
-) -> int:
-    """The tray on this (main) thread, the API on a background thread; returns the exit code."""
-    from lmsp_tray import __version__
-    from lmsp_tray.desktop.autostart import Autostart
-    from lmsp_tray.desktop.notify import Notifier
-    from lmsp_tray.desktop.service_notices import (
-        watch_crashes,
-        watch_downloads,
-        watch_keyring,
-        watch_pairings,
-        welcome,
-    )
-    from lmsp_tray.desktop.toolkit import choose_backend
-    from lmsp_tray.desktop.tray import TrayApp, load_pystray
-
-    backend = DaemonTrayBackend(
-        daemon, autostart or Autostart.for_platform(), hooks if hooks is not None else tray_hooks(daemon)
-    )
-    choice = choose_backend()
-    if choice.name is None:
-        return _headless(daemon, sock, reporter, show, choice.reason or "no system tray")
-    url = daemon.url
-    announced = threading.Event()
-
-    def shown() -> None:
-        if announced.is_set():
-            log.info("the tray icon is shown now (%s)", app.toolkit)
-            return
-        announced.set()
-        how = (
-            "Click the icon for its state; quit with Ctrl+C or `lmsp-tray stop`."  # xorg's icon has no menu
-            if app.toolkit == "xorg"
-            else "Click the icon for its menu; quit from it, with Ctrl+C or `lmsp-tray stop`."
-        )
-        reporter.notice(
-            f"lmsp-tray {__version__} serving {url} with {model_count} model(s) from the system tray "
-            f"({app.toolkit}). {how}",
-            summary="lmsp-tray",
-            notify=False,
-        )
-        if choice.note:
-            reporter.notice(f"lmsp-tray: {choice.note}", summary="lmsp-tray's tray icon is limited")
-        if first_run:
-            welcome(app, daemon)
-
-    def not_shown(reason: str) -> None:
-        from lmsp_tray.desktop.system import headless_message
-
-        reporter.notice(headless_message(url, reason), summary="lmsp-tray runs without a tray icon")
-
-    try:
-        pystray = load_pystray(backend=choice.name or None)
-        notifier = Notifier() if sys.platform.startswith("linux") else None
-        app = TrayApp(
-            backend,
-            pystray=pystray,
-            notifier=notifier,
-            log_file=daemon.paths.log_dir / "lmsp-tray.log",
-            host_seen=choice.host_seen,
-            on_shown=shown,
-            on_not_shown=not_shown,
-        )
-    except Exception as exc:  # noqa: BLE001 - TrayUnavailable, or a toolkit refusing to start
-        from lmsp_tray.desktop.tray import TrayUnavailable
-
-        reason = (
-            str(exc)
-            if isinstance(exc, TrayUnavailable)
-            else f"the system tray is not available ({short_reason(exc, 160)})"
-        )
-        return _headless(daemon, sock, reporter, show, reason)
-
-    daemon.start_background(sock)
-    refresh: Callable[..., None] = lambda *_: app.refresh()
-    daemon.models.subscribe(refresh)
-    daemon.watcher.subscribe(refresh)
-    show.set_handler(app.show_yourself)
-    watch_pairings(app, backend)
-    watch_keyring(app, daemon)
-    watch_downloads(app, daemon)
-
-    watch_crashes(app, daemon)
-    try:
-        try:
-            return app.run()
-        except Exception as exc:  # noqa: BLE001 - TrayUnavailable: the toolkit died under us
-            from lmsp_tray.desktop.system import headless_message
-
-            reporter.notice(headless_message(url, str(exc)), summary="lmsp-tray runs without a tray icon")
-            show.set_handler(None)
-            _wait_for_signal(daemon)
-            return 0
-    finally:
-        daemon.stop_background()  # a no-op after Quit; after SIGTERM/SIGINT the same clean stop
-        if app.notifier is not None:
-            app.notifier.shutdown()
-
-
-def _wait_for_signal(daemon: Daemon) -> None:
-    """Keep serving (the tray died) until SIGTERM/SIGINT or the server stops."""
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    while not stop.wait(0.5) and daemon.serving:
-        pass

@@ -19,6 +19,9 @@ import enum
 import re
 import textwrap
 from dataclasses import dataclass
+from pathlib import Path
+
+from lmsp_tray.protocol.states import ModelState
 
 # Activities: what the icon shows. Idle: no model in memory; ready: a model loaded, waiting.
 IDLE = "idle"
@@ -29,11 +32,11 @@ ERROR = "error"
 ACTIVITIES = (IDLE, READY, LOADING, SERVING, ERROR)
 
 # Model states, as in the LMSP model object (PROFILE §3).
-AVAILABLE = "available"
-MODEL_LOADING = "loading"
-LOADED = "loaded"
-UNLOADING = "unloading"
-MODEL_ERROR = "error"
+AVAILABLE = ModelState.AVAILABLE
+MODEL_LOADING = ModelState.LOADING
+LOADED = ModelState.LOADED
+UNLOADING = ModelState.UNLOADING
+MODEL_ERROR = ModelState.ERROR
 MODEL_STATES = (AVAILABLE, MODEL_LOADING, LOADED, UNLOADING, MODEL_ERROR)
 
 ERROR_MARK = "\u26a0"  # ⚠
@@ -61,6 +64,7 @@ class Action(str, enum.Enum):
     CANCEL_DOWNLOAD = "cancel_download"  # arg: the download's task id
     VIEW_LOGS = "view_logs"
     SHOW_STATUS = "show_status"  # a notification with the state (icons without a menu)
+    SET_OLLAMA_PORT = "set_ollama_port"  # arg: "on" | "off" (the value to set, not a toggle)
     QUIT = "quit"
 
 
@@ -71,7 +75,7 @@ class ModelView:
     id: str
     size_bytes: int | None = None
     quantization: str | None = None
-    state: str = AVAILABLE  # one of MODEL_STATES
+    state: ModelState = AVAILABLE
     error: str | None = None  # the reason, when state is "error"
     generating: bool = False  # a response is being generated on it now
     file_name: str | None = None  # the file it is read from (shown beside the id)
@@ -114,6 +118,17 @@ class DownloadView:
 
 
 @dataclass(frozen=True)
+class OllamaPortView:
+    """The opt-in second listener for Ollama's apps (`ollama_port`): what config.toml asks for and what
+    runs now (the listener opens at the service's start, so a change waits for a restart)."""
+
+    port: int  # the port config.toml names, else Ollama's own (11434)
+    wanted: bool  # `ollama_port` is set in config.toml
+    listening: bool  # the second listener runs now
+    taken: bool = False  # it was asked for at this start, but another program (Ollama?) holds the port
+
+
+@dataclass(frozen=True)
 class TrayState:
     """Everything the menu and icon depend on. Equal states give equal menus."""
 
@@ -129,6 +144,10 @@ class TrayState:
     token_session_only: bool = False  # the owner token dies with this run (no keyring to keep it)
     models_folder: str | None = None  # the service's own models folder, for the "no models" hint
     downloads: tuple[DownloadView, ...] = ()
+    compute: str | None = (
+        None  # where models run: llama.cpp's backend and device ("Vulkan \u00b7 AMD Radeon 780M, 8.0 GB")
+    )
+    ollama: OllamaPortView | None = None  # None: the backend has no second listener to offer
 
     def __post_init__(self) -> None:
         # Accept lists from callers but keep the state hashable and comparable.
@@ -260,6 +279,14 @@ def human_size(size_bytes: int | None) -> str:
     return f"{value:.0f} {unit}"
 
 
+def display_path(path: Path) -> str:
+    """`path` with the home folder written as ~."""
+    try:
+        return "~/" + str(path.resolve().relative_to(Path.home().resolve()))
+    except (ValueError, RuntimeError, OSError):
+        return str(path)
+
+
 def activity_for(models: tuple[ModelView, ...] | list[ModelView], *, failed: bool = False) -> str:
     """The icon state: error (a failed action), loading, serving, ready (a model loaded), else idle.
 
@@ -310,6 +337,29 @@ def status_line(state: TrayState) -> str:
     if state.url is None:
         return f"Not serving yet \u2014 {count}"
     return f"{state.url} \u2014 {count}"
+
+
+def compute_line(state: TrayState) -> str | None:
+    """The menu's line under the status: the backend and device the models run on."""
+    return f"Runs on {clean_text(state.compute, 90)}" if state.compute else None
+
+
+def ollama_item(view: OllamaPortView) -> MenuItemSpec:
+    """A check item for Ollama's port: checked while config.toml asks for it; the label says whether it
+    is listening now, waits for a restart, or found the port taken."""
+    if view.wanted and view.listening:
+        how = "on"
+    elif view.wanted and view.taken:
+        how = "taken by another program"
+    elif view.wanted:
+        how = "on after a restart"
+    elif view.listening:
+        how = "off after a restart"
+    else:
+        how = "off"
+    return MenuItemSpec(
+        f"Ollama's port {view.port}: {how}", Action.SET_OLLAMA_PORT, "off" if view.wanted else "on", checked=view.wanted
+    )
 
 
 def model_label(model: ModelView) -> str:
@@ -451,6 +501,9 @@ def build_menu(state: TrayState) -> list[MenuItemSpec]:
     any_loaded = any(m.state in (LOADED, MODEL_LOADING) for m in state.models)
     loaded, total = state.loaded_count, len(state.models)
     items: list[MenuItemSpec] = [MenuItemSpec(status_line(state), Action.COPY_URL, enabled=state.url is not None)]
+    compute = compute_line(state)
+    if compute:
+        items.append(MenuItemSpec(compute, enabled=False))
     if state.notice:
         items.append(notice_item(state.notice))
     items.append(MenuItemSpec("Open lmsp-tray", Action.OPEN_CONSOLE, enabled=state.url is not None, default=True))
@@ -485,6 +538,8 @@ def build_menu(state: TrayState) -> list[MenuItemSpec]:
             enabled=state.autostart_supported,
         )
     )
+    if state.ollama is not None:
+        items.append(ollama_item(state.ollama))
     items.append(MenuItemSpec("View logs", Action.VIEW_LOGS))
     items.append(SEPARATOR)
     items.append(MenuItemSpec("Quit", Action.QUIT))
@@ -494,6 +549,9 @@ def build_menu(state: TrayState) -> list[MenuItemSpec]:
 def status_text(state: TrayState) -> str:
     """The state in a few lines: the body of the notification an icon without a menu shows on a click."""
     lines = [status_line(state)]
+    compute = compute_line(state)
+    if compute:
+        lines.append(compute)
     lines += [f"\u2713 {m.id}" for m in state.models if m.state == LOADED]
     if state.problems:
         lines.append(f"{len(state.problems)} file(s) in the models folders are not usable")

@@ -1,27 +1,28 @@
 """The desktop notifications the running service raises through the tray, and their texts.
 
-Why a module: `lmsp_tray.desktop.backend` shows the daemon to the tray (`DaemonTrayBackend`) and
-starts both (`run_tray`); what the person is told when something happens in the service while
-nobody looks at the menu is a separate idea. `run_tray` calls each `watch_*` once the tray is
+Why a module: `lmsp_tray.desktop.backend` shows the daemon to the tray (`DaemonTrayBackend`);
+what the person is told when something happens in the service while nobody looks at the menu is
+a separate idea. `lmsp_tray.desktop.compose.run_tray` calls each `watch_*` once the tray is
 built: a new pairing request raises a notification with Approve/Deny buttons where the
 notification server has actions (else it points to the menu) and it closes again once the request
 is answered or expires; the keyring working again, a download ending and a model whose process
-crashed raise one each; `welcome` is the first run's. The texts (`pairing_text`,
-`download_notification`, `crash_notification`) are plain functions, tested without a desktop.
+crashed raise one each, and so does a GPU build that falls back to the CPU (no device at start-up,
+or a model that ran out of GPU memory at load and runs with fewer layers there); `welcome` is the
+first run's. The texts (`pairing_text`, `download_notification`, `crash_notification`,
+`gpu_notification`) are plain functions, tested without a desktop.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from lmsp_tray.desktop.backend import display_path
-from lmsp_tray.desktop.menu import MODEL_ERROR, Action, clean_text, short_reason
+from lmsp_tray.desktop.menu import LOADED, MODEL_ERROR, Action, clean_text, display_path, short_reason
 
 if TYPE_CHECKING:
     from lmsp_tray.daemon import Daemon
-    from lmsp_tray.desktop.backend import DaemonTrayBackend
     from lmsp_tray.desktop.tray import TrayApp
 
 log = logging.getLogger("lmsp_tray.desktop.tray")
@@ -57,6 +58,16 @@ def crash_notification(model_id: str, error: Any) -> str | None:
     return clean_text(f"{getattr(error, 'detail', '') or model_id + ' stopped.'}", 240)
 
 
+def gpu_notification(devices: Any, model_id: str | None = None, fallback: str | None = None) -> str | None:
+    """The desktop notification when a GPU build runs on the CPU: at start-up (`devices.cpu_fallback`:
+    its backend sees no device), or for `model_id`, whose load ran out of GPU memory (`fallback`, the
+    placement's `gpu_fallback`, names the GPU and llama.cpp's words). None when nothing fell back."""
+    if model_id is not None:
+        return clean_text(f"{model_id}: {fallback}.", 300) if fallback else None
+    reason = getattr(devices, "cpu_fallback", None)
+    return clean_text(f"{reason}.", 300) if reason else None
+
+
 def welcome(app: TrayApp, daemon: Daemon) -> None:
     """The first run's notification: where models go, and that other apps' models are found too."""
     folder = display_path(daemon.paths.models_dir)
@@ -80,9 +91,10 @@ def welcome(app: TrayApp, daemon: Daemon) -> None:
     )
 
 
-def watch_pairings(app: TrayApp, backend: DaemonTrayBackend) -> None:
+def watch_pairings(app: TrayApp, subscribe: Callable[[Callable[..., None]], None]) -> None:
     """A notification per pending request, with Approve/Deny buttons where the server has actions;
-    closed again once the request is answered (in the menu, by the CLI) or expires."""
+    closed again once the request is answered (in the menu, by the CLI) or expires. `subscribe`
+    registers a listener for pairing changes (`TrayHooks.subscribe_pairings`)."""
     shown: dict[str, int] = {}
     lock = threading.Lock()
 
@@ -120,7 +132,7 @@ def watch_pairings(app: TrayApp, backend: DaemonTrayBackend) -> None:
                 shown[pairing_id] = nid
 
     try:
-        backend.hooks.subscribe_pairings(on_change)
+        subscribe(on_change)
     except Exception as exc:  # noqa: BLE001
         log.debug("no pairing notifications: %s", exc)
 
@@ -167,3 +179,24 @@ def watch_crashes(app: TrayApp, daemon: Daemon) -> None:
                 app.notify(message)
 
     daemon.models.subscribe(notify_crash)
+
+
+def watch_gpu(app: TrayApp, daemon: Daemon) -> None:
+    """A notification when a GPU build falls back to the CPU: once at start-up when its backend sees no
+    device (unless the person set `gpu = "off"`), and for each load that ran out of GPU memory and
+    retried with fewer layers or on the CPU (the log says both too)."""
+    if getattr(daemon.config, "gpu", "auto") != "off":
+        message = gpu_notification(daemon.devices)
+        if message is not None:
+            app.notify(message, title="lmsp-tray: the GPU is not used", kind="gpu")
+
+    def on_load(model_id: str, state: str) -> None:
+        if state != LOADED:
+            return
+        model = daemon.models.get(model_id)
+        placement = getattr(model, "placement", None)
+        message = gpu_notification(None, model_id, getattr(placement, "gpu_fallback", None))
+        if message is not None:
+            app.notify(message, title="lmsp-tray: fewer layers on the GPU", kind=f"gpu-{model_id}")
+
+    daemon.models.subscribe(on_load)

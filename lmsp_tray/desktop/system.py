@@ -2,7 +2,8 @@
 
 Kept apart from `lmsp_tray.desktop.tray` so the command line can decide "tray or
 headless" without importing pystray, and so these helpers are testable on
-any machine.
+any machine. Whether there is a display is `lmsp_tray.display`'s one check,
+re-exported here with the headless message that goes with it.
 
 Clipboard: GTK's own clipboard when the tray runs on a GTK backend (set on
 the GTK main loop), else the first available of `wl-copy` (Wayland),
@@ -22,6 +23,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from lmsp_tray.display import display_available  # noqa: F401 - the one check, re-exported for the tray
+
 log = logging.getLogger("lmsp_tray.desktop.system")
 
 
@@ -30,15 +33,6 @@ class ClipboardError(RuntimeError):
 
 
 # -- display -----------------------------------------------------------------------------------------
-
-
-def display_available(environ: Mapping[str, str] | None = None, platform: str | None = None) -> bool:
-    """Whether a GUI session is there: always on macOS and Windows; DISPLAY/WAYLAND_DISPLAY elsewhere."""
-    env = os.environ if environ is None else environ
-    platform = platform or sys.platform
-    if platform in ("darwin", "win32", "cygwin"):
-        return True
-    return bool(env.get("DISPLAY") or env.get("WAYLAND_DISPLAY"))
 
 
 def headless_message(url: str | None = None, reason: str | None = None) -> str:

@@ -7,7 +7,7 @@ seconds (and at once after each click or `refresh()`), and when the state
 changed it rebuilds the menu from `lmsp_tray.desktop.menu.build_menu` and switches
 the icon. Clicks never run backend calls on the GUI thread (loading a model
 takes seconds): each runs on a worker thread (what each one does is
-`lmsp_tray.desktop.actions`), and a failure becomes a notification plus a
+`lmsp_tray.desktop.actions`, which sees the tray as an `ActionHost`), and a failure becomes a notification plus a
 "⚠ ..." line in the menu and the error icon, never a traceback.
 
 A left-click opens the console page (`open_console`) once the service
@@ -40,7 +40,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
-from lmsp_tray.desktop.actions import QUIET, SERIOUS, failure_prefix, is_user_error, run_action
+from lmsp_tray.desktop.actions import QUIET, SERIOUS, ActionBackend, failure_prefix, is_user_error, run_action
 from lmsp_tray.desktop.icons import draw_icon, load_icon
 from lmsp_tray.desktop.menu import (
     ERROR,
@@ -92,8 +92,9 @@ FAILURE_SECONDS = 60.0  # how long a failed action keeps its line in the menu (a
 EMBED_WAIT_S = 5.0  # how long an X11 icon may take to appear in the tray before we say it is not shown
 
 
-class TrayBackend(Protocol):
-    """What the tray needs from the running service (implemented by the daemon).
+class TrayBackend(ActionBackend, Protocol):
+    """What the tray needs from the running service (implemented by the daemon): what the clicks
+    call (`ActionBackend`), the state the menu shows, and Quit.
 
     Every method may be called from any thread and may block (the tray calls
     them off the GUI thread). Failures are raised as exceptions whose text is
@@ -101,32 +102,6 @@ class TrayBackend(Protocol):
     """
 
     def snapshot(self) -> TrayState: ...
-
-    def load_model(self, model_id: str) -> None: ...
-
-    def unload_model(self, model_id: str) -> None: ...
-
-    def unload_all(self) -> None: ...
-
-    def rescan(self) -> None: ...
-
-    def models_folder(self) -> Path: ...
-
-    def open_console(self) -> None:
-        """Open the console page in the browser (with a fresh single-use code)."""
-        ...
-
-    def access_token(self) -> str | None:
-        """The secret of the token to hand to the user; it only ever goes to the clipboard."""
-        ...
-
-    def set_autostart(self, enabled: bool) -> None: ...
-
-    def approve_pairing(self, pairing_id: str) -> None: ...
-
-    def deny_pairing(self, pairing_id: str) -> None: ...
-
-    def cancel_download(self, task_id: str) -> None: ...
 
     def quit(self) -> None:
         """The user chose Quit; called once after the tray loop has ended, on the main thread."""

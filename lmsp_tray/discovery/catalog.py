@@ -36,7 +36,7 @@ from pathlib import Path
 from lmsp_tray.config import Config, Paths
 from lmsp_tray.discovery.entry import GGUFInfo, IncompleteFile, ModelEntry
 from lmsp_tray.discovery.naming import base_id, quantization_from_name, unique_ids
-from lmsp_tray.discovery.scan import Found, HeaderCache, find_models, read_headers
+from lmsp_tray.discovery.scan import Found, HeaderCache, find_models, projector_of, read_headers
 from lmsp_tray.discovery.sources import Source, default_sources
 
 log = logging.getLogger(__name__)
@@ -196,8 +196,8 @@ class Catalog:
                 if guess:
                     info = replace(info, quantization=guess)
             kept.append((f, info, error, partial))
-        entries = _name(kept)
-        self._cache.save({str(f.path) for f in unique if f.readable})
+        entries = _name(kept, self._cache)
+        self._cache.save({str(f.path) for f in unique if f.readable} | {f.projector[0] for f in unique if f.projector})
         self._snapshot = _snapshot(entries, tuple(sorted(incomplete, key=lambda i: str(i.path))))
         self._report = ScanReport(
             seconds=time.perf_counter() - started,
@@ -248,7 +248,7 @@ def _split_problem(f: Found, info: GGUFInfo | None) -> str | None:
     return None
 
 
-def _name(kept: list[tuple[Found, GGUFInfo | None, str | None, bool]]) -> tuple[ModelEntry, ...]:
+def _name(kept: list[tuple[Found, GGUFInfo | None, str | None, bool]], cache: HeaderCache) -> tuple[ModelEntry, ...]:
     bases = [(f.names[0] if f.names else base_id(info, f.stem), (f.source.rank, str(f.path))) for f, info, *_ in kept]
     ids = unique_ids(bases)
     entries = []
@@ -265,6 +265,7 @@ def _name(kept: list[tuple[Found, GGUFInfo | None, str | None, bool]]) -> tuple[
                 error=error,
                 extra=extra,
                 incomplete=partial,
+                projector=projector_of(f, cache) if info is not None and not info.embeddings else None,
             )
         )
     entries.sort(key=lambda e: (e.id.lower(), e.id))

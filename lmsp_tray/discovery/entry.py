@@ -46,6 +46,8 @@ class GGUFInfo:
     split_index: int | None = None  # split.no (0 for the first part of a split model)
     pooling_type: int | None = None  # <arch>.pooling_type: 0 none, 1 mean, 2 cls, 3 last, 4 rank (a reranker)
     fim_tokens: bool = False  # fill-in-the-middle prefix, suffix and middle tokens, as llama.cpp finds them
+    vision_encoder: bool = False  # clip.has_vision_encoder (a projector's header)
+    audio_encoder: bool = False  # clip.has_audio_encoder
 
     @property
     def embeddings(self) -> bool:
@@ -55,6 +57,12 @@ class GGUFInfo:
         if self.pooling_type == RANK_POOLING:
             return False
         return self.architecture in EMBEDDING_ARCHITECTURES or self.pooling_type in (1, 2, 3)
+
+    @property
+    def rerank(self) -> bool:
+        """A reranker (`rank` pooling: bge-reranker, jina-reranker, Qwen3-Reranker): it scores how well a
+        document answers a query and answers `/v1/rerank` only; it runs as an embedding model does."""
+        return self.pooling_type == RANK_POOLING
 
     @property
     def kind(self) -> str:
@@ -81,6 +89,17 @@ class GGUFInfo:
         return self.block_count * self.head_count_kv * (k + v) * bytes_per_value
 
 
+@dataclass(frozen=True)
+class Projector:
+    """A model's multimodal projector (an ``mmproj`` GGUF found beside it) and the inputs it encodes,
+    read from its header: llama.cpp's multimodal library loads it next to the model."""
+
+    path: Path
+    size_bytes: int
+    vision: bool
+    audio: bool
+
+
 @dataclass
 class ModelEntry:
     """One model the catalog offers: an id, where its file(s) are, and what its header says."""
@@ -94,10 +113,32 @@ class ModelEntry:
     error: str | None = None  # why the header could not be read; the model shows state "error"
     extra: dict[str, Any] = field(default_factory=dict)
     incomplete: bool = False  # the file ends too early (a download or copy still running, or cut short)
+    projector: Projector | None = None  # the mmproj file paired with it (same folder or Ollama manifest)
 
     @property
     def ok(self) -> bool:
         return self.error is None and self.info is not None
+
+    @property
+    def vision(self) -> bool:
+        """Whether the model takes images: it has a projector with a vision encoder."""
+        return self.ok and self.projector is not None and self.projector.vision
+
+    @property
+    def audio(self) -> bool:
+        """Whether the model takes audio: it has a projector with an audio encoder."""
+        return self.ok and self.projector is not None and self.projector.audio
+
+    @property
+    def input_modalities(self) -> list[str]:
+        """What the model reads: "text", plus "image" / "audio" from its projector."""
+        out = ["text"]
+        if self.ok and self.projector is not None:
+            if self.projector.vision:
+                out.append("image")
+            if self.projector.audio:
+                out.append("audio")
+        return out
 
 
 @dataclass(frozen=True)

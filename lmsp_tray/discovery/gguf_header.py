@@ -540,4 +540,6 @@ def _info(kv: dict[str, Any], n_tensors: int, bos: str | None, eos: str | None, 
         split_index=_int(kv.get("split.no")),
         pooling_type=a("pooling_type"),
         fim_tokens=fim,
+        vision_encoder=kv.get("clip.has_vision_encoder") is True,
+        audio_encoder=kv.get("clip.has_audio_encoder") is True,
     )

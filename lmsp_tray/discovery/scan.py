@@ -14,7 +14,10 @@ What counts as a model file:
 Split models (``name-00001-of-00003.gguf`` ...) become one `Found`: the
 first part is the path llama.cpp opens, all parts are listed and their sizes
 summed; a missing part is an error on that model. Files named ``mmproj`` are
-skipped before reading; the catalog skips the other non-model kinds after.
+not models: each model found in the same folder is paired with one of them
+(its projector, for llama.cpp's multimodal library), as are the projector
+layers of Ollama manifests. The catalog skips the other non-model kinds after
+reading.
 
 `HeaderCache` remembers each file's header facts (or its error) keyed by
 (path, size, mtime_ns) in one JSON file under the cache folder, so a rescan
@@ -23,6 +26,7 @@ only reads files that changed. A corrupt or foreign cache file is ignored.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -35,14 +39,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmsp_tray.discovery.entry import GGUFInfo
+from lmsp_tray.discovery.entry import GGUFInfo, Projector
 from lmsp_tray.discovery.gguf_header import GGUFError, GGUFIncomplete, GGUFReadError, read_gguf_info
-from lmsp_tray.discovery.naming import SPLIT_NAME, model_stem, ollama_name, preferred_names
+from lmsp_tray.discovery.naming import SPLIT_NAME, model_stem, ollama_name, preferred_names, quantization_from_name
 from lmsp_tray.discovery.sources import Source
 
 log = logging.getLogger(__name__)
 
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
+OLLAMA_PROJECTOR_LAYER = "application/vnd.ollama.image.projector"
+PROJECTOR_ORDER = ("F16", "BF16", "Q8_0", "F32")  # which mmproj a folder with several pairs with its models
 MAX_DEPTH = 16
 MAX_MANIFEST_BYTES = 1 << 20
 
@@ -64,6 +70,7 @@ class Found:
     error: str | None = None  # a problem known without reading (a missing part or blob)
     readable: bool = True  # False: there is no header to read (part 1 or the blob is missing)
     split_count: int = 1  # parts the file names promise (1 for a lone file)
+    projector: tuple[str, os.stat_result] | None = None  # the mmproj file paired with it, and its stat
 
     @property
     def sort_key(self) -> tuple[int, int, str]:
@@ -132,9 +139,11 @@ def walk_gguf(root: Path, *, huggingface: bool = False) -> Iterator[tuple[str, o
 def folder_models(source: Source, order: int) -> list[Found]:
     out: list[Found] = []
     splits: dict[tuple[str, str, int], dict[int, tuple[str, os.stat_result]]] = {}
+    projectors: dict[str, list[tuple[str, os.stat_result]]] = {}
     for path, st in walk_gguf(source.root, huggingface=source.layout == "huggingface"):
         name = os.path.basename(path)
         if "mmproj" in name.lower():
+            projectors.setdefault(os.path.dirname(path), []).append((path, st))
             continue
         match = SPLIT_NAME.match(name)
         if match:
@@ -146,7 +155,42 @@ def folder_models(source: Source, order: int) -> list[Found]:
         out.append(_found(source, order, path, st, (Path(path),), st.st_size, model_stem(name)))
     for (_, prefix, count), parts in splits.items():
         out.append(_split_found(source, order, prefix, count, parts))
+    for folder, candidates in projectors.items():
+        _pair(candidates, [f for f in out if os.path.dirname(f.path) == folder])
     return out
+
+
+def _pair(projectors: list[tuple[str, os.stat_result]], models: list[Found]) -> None:
+    """Give each model of a folder its projector: one whose name names the model
+    (``mmproj-google_gemma-3-4b-it-f16.gguf`` for ``google_gemma-3-4b-it-Q4_K_M.gguf``), else one named
+    for no model there (``mmproj-F16.gguf``, ``mmproj-model-f16.gguf``: a repository's own projector),
+    never another model's."""
+    named = {p[0]: _projector_name(p[0]) for p in projectors}
+    claimed = {path for path, name in named.items() if name and any(name in _letters(f.stem) for f in models)}
+    for f in models:
+        own = [p for p in projectors if p[0] in claimed and named[p[0]] in _letters(f.stem)]
+        spare = [p for p in projectors if p[0] not in claimed]
+        if own or spare:
+            f.projector = min(own or spare, key=_projector_rank)
+
+
+def _letters(name: str) -> str:
+    return "".join(c for c in name.lower() if c.isalnum())
+
+
+def _projector_name(path: str) -> str:
+    """The model a projector file names, letters and digits only ("" when it names none)."""
+    stem = model_stem(os.path.basename(path)).lower().replace("mmproj", "")
+    quant = quantization_from_name(stem)
+    if quant:
+        stem = stem.replace(quant.lower(), "")
+    return _letters(stem)
+
+
+def _projector_rank(item: tuple[str, os.stat_result]) -> tuple[int, str]:
+    """F16 first (what llama.cpp's own conversions give), then BF16, Q8_0, F32, then by name."""
+    quant = (quantization_from_name(model_stem(os.path.basename(item[0]))) or "").upper()
+    return (PROJECTOR_ORDER.index(quant) if quant in PROJECTOR_ORDER else len(PROJECTOR_ORDER), item[0])
 
 
 def _found(
@@ -188,6 +232,7 @@ def ollama_models(source: Source, order: int) -> list[Found]:
     manifests = source.root / "manifests"
     blobs = source.root / "blobs"
     by_blob: dict[str, tuple[list[str], int]] = {}  # blob path -> (names, declared size)
+    projector_of: dict[str, Path] = {}  # model blob path -> its projector blob
     out: list[Found] = []
     for path, rel in _manifest_files(manifests):
         host, namespace, model, tag = rel[0], "/".join(rel[1:-2]), rel[-2], rel[-1]
@@ -210,6 +255,9 @@ def ollama_models(source: Source, order: int) -> list[Found]:
         declared_size = layer.get("size")
         size = declared_size if isinstance(declared_size, int) else 0
         by_blob.setdefault(str(blob), ([], size))[0].append(name)
+        projector_layers = [layer for layer in layers if layer.get("mediaType") == OLLAMA_PROJECTOR_LAYER]
+        if projector_layers:
+            projector_of[str(blob)] = _blob_path(blobs, str(projector_layers[0].get("digest", "")))
     for blob_path, (names, declared) in by_blob.items():
         best = tuple(preferred_names(names))
         try:
@@ -227,7 +275,12 @@ def ollama_models(source: Source, order: int) -> list[Found]:
                 )
             )
             continue
-        out.append(_found(source, order, blob_path, st, (Path(blob_path),), st.st_size, best[0], names=best))
+        found = _found(source, order, blob_path, st, (Path(blob_path),), st.st_size, best[0], names=best)
+        projector = projector_of.get(blob_path)
+        if projector is not None:
+            with contextlib.suppress(OSError):  # a missing projector blob: the model is text only
+                found.projector = (str(projector), os.stat(projector))
+        out.append(found)
     return out
 
 
@@ -358,6 +411,23 @@ def read_header(path: Path) -> Header:
     except Exception as exc:  # a reader bug must cost one model, not the whole scan
         log.warning("unexpected failure reading the header of %s", path, exc_info=True)
         return Header(None, f"could not read the GGUF header ({type(exc).__name__})", transient=True)
+
+
+def projector_of(f: Found, cache: HeaderCache) -> Projector | None:
+    """The projector paired with `f`, with the inputs its header says it encodes (through the cache);
+    None when there is none, or its header cannot be read or is not a projector's."""
+    if f.projector is None:
+        return None
+    path, st = f.projector
+    header = cache.get(path, st.st_size, st.st_mtime_ns)
+    if header is None:
+        header = read_header(Path(path))
+        if not header.transient:
+            cache.put(path, st.st_size, st.st_mtime_ns, header)
+    info = header.info
+    if header.error is not None or info is None or info.kind != "mmproj":
+        return None
+    return Projector(Path(path), st.st_size, vision=info.vision_encoder, audio=info.audio_encoder)
 
 
 def read_headers(found: Sequence[Found], cache: HeaderCache, workers: int = 1) -> tuple[list[Header | None], int]:

@@ -2,7 +2,7 @@
 
 Why apart from `jobs`: an embedding request is not a stream. It is a list of
 inputs (each already tokens) answered once with one vector per input, so it
-has no sampler, no deltas and no finish reasons; `embedder.Embedder` packs the
+has no sampler, no deltas and no finish reasons; `runner.embedder.Embedder` packs the
 inputs of many requests into few decodes. The vectors travel as packed
 float32 (`pack` / `unpack`), the form base64 `encoding_format` wants anyway.
 `EmbedCancel` is how a request whose client went away stops its job, on

@@ -8,37 +8,51 @@ constrained), with a `TokenLogprob` before each token's text when the job asks f
 probabilities, and once with a `Finish`. The sink must be cheap and
 thread-safe (the service's sink just hands the item to the event loop).
 
-The same job runs in this process (`model.LlamaModel`) or in a model process
-(`process.ModelProcess`); everything in it is plain data so that it can be
-sent there, except the sink and the cancel hook, which stay on this side.
+The service hands a job to `process.ModelProcess`, which sends it to the model
+process, where `runner.model.LlamaModel` runs it (tests also run it in their own
+process); everything in it is plain data so that it can be sent there, except
+the sink and the cancel hook, which stay on this side.
 """
 
 from __future__ import annotations
 
+import enum
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from lmsp_tray.engine.sampling import SamplingParams
 from lmsp_tray.errors import LMSPError
 
-# Finish reasons
-STOP = "stop"  # end-of-generation token or a stop string
-LENGTH = "length"  # max_output_tokens reached
-CONTEXT = "context"  # the context window is full
-CANCELLED = "cancelled"
-ERROR = "error"
+
+class FinishReason(enum.StrEnum):
+    """Why a generation ended (its value is what the model process sends)."""
+
+    STOP = "stop"  # end-of-generation token or a stop string
+    LENGTH = "length"  # max_output_tokens reached
+    CONTEXT = "context"  # the context window is full
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+# The short names the model process and the service use.
+STOP = FinishReason.STOP
+LENGTH = FinishReason.LENGTH
+CONTEXT = FinishReason.CONTEXT
+CANCELLED = FinishReason.CANCELLED
+ERROR = FinishReason.ERROR
 
 
 @dataclass(frozen=True)
 class Finish:
-    reason: str
+    reason: FinishReason
     prompt_tokens: int
     output_tokens: int
     cached_tokens: int = 0  # prompt tokens reused from the KV cache
     error: LMSPError | None = None
+    stop_sequence: str | None = None  # the request's stop string that ended it, if one did
 
 
 @dataclass(frozen=True)
@@ -62,6 +76,27 @@ TextSink = Callable[[str | GrammarOn | TokenLogprob | Finish], None]
 # Called in the model's thread with each token's bytes; returns the grammar rule to switch
 # `sampling.grammar` on from (a lazy grammar), or None to keep decoding freely.
 GrammarTrigger = Callable[[bytes], str | None]
+
+
+IMAGE_SLOT = -1  # where an image (or audio clip) goes in a prompt's tokens; the model process puts its tokens there
+
+
+@dataclass(frozen=True)
+class ImagePixels:
+    """A decoded image for the model process: `width` x `height` RGB pixels, 3 bytes each, row by row."""
+
+    width: int
+    height: int
+    rgb: bytes
+
+
+@dataclass(frozen=True)
+class AudioClip:
+    """An audio file for the model process, as sent (WAV, MP3 or FLAC, checked by the service): libmtmd
+    decodes it there to the projector's sample rate."""
+
+    data: bytes
+    param: str = "input"  # the request part it came from, for the error that names it
 
 
 class LazyGrammar(Protocol):
@@ -91,6 +126,14 @@ class GenerationJob:
     visible_tokens: frozenset[int] = frozenset()
     # Report each token's log probability and this many top alternatives (None: no log probabilities).
     logprobs: int | None = None
+    # The prompt's first this many tokens stay the same across conversations (system prompt and tools):
+    # a sliding-window model checkpoints its window there, so that the next conversation goes on from it.
+    stable_prefix: int = 0
+    # The images and audio clips of the prompt, in order: each stands at an IMAGE_SLOT of `prompt` (which the
+    # model process replaces with the media's own tokens: `prompt` grows by them there).
+    images: Sequence[ImagePixels | AudioClip] = ()
+    # Filled in by the model process: what evaluates each media id of `prompt` (runner.vision.ImageChunk).
+    media: dict[int, Any] = field(default_factory=dict)
     # Filled in and read across threads:
     cancel_event: threading.Event = field(default_factory=threading.Event)
     on_cancel: Callable[[], None] | None = None  # set by a model that runs the job elsewhere

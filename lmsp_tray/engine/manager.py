@@ -1,6 +1,6 @@
 """The set of loaded models: load on demand, evict to fit, unload on request or when idle.
 
-`ModelManager` is the only owner of `LlamaModel` objects. Loads of one model
+`ModelManager` is the only owner of loaded models. Loads of one model
 are de-duplicated (concurrent callers wait for the same load); states follow
 PROFILE §3 (`available`, `loading`, `loaded`, `unloading`, `error`). Before a
 load, its `LoadPlan` is checked against the budget (at most N models, a share
@@ -24,22 +24,35 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from lmsp_tray.discovery.entry import ModelEntry
-from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan, context_window, plan_load
+from lmsp_tray.engine.cache_folders import folder_bytes, model_folder
+from lmsp_tray.engine.devices import Devices, physical_cores
+from lmsp_tray.engine.drafts import DraftRefused, check_draft
+from lmsp_tray.engine.load_plan import (
+    LoadOptions,
+    LoadPlan,
+    ModelLoad,
+    context_window,
+    fit_draft,
+    fit_projector,
+    plan_load,
+    with_draft,
+    without_draft,
+)
 from lmsp_tray.engine.loaded import LoadedModel
-from lmsp_tray.engine.prompt_cache import folder_bytes, model_folder
-from lmsp_tray.engine.runtime import Runtime, physical_cores
 from lmsp_tray.errors import InsufficientMemory, LMSPError, ModelLoadFailed, ServiceUnavailable
+from lmsp_tray.protocol.keep_alive import DEFAULT, KeepAlive
+from lmsp_tray.protocol.states import ModelState
 
 log = logging.getLogger("lmsp_tray.engine")
 
-AVAILABLE, LOADING, LOADED, UNLOADING, ERROR = "available", "loading", "loaded", "unloading", "error"
-DEFAULT = "default"  # keep-alive sentinel: the configured default
+AVAILABLE, LOADING, LOADED = ModelState.AVAILABLE, ModelState.LOADING, ModelState.LOADED
+UNLOADING, ERROR = ModelState.UNLOADING, ModelState.ERROR
 
 
 @dataclass(frozen=True)
@@ -81,33 +94,14 @@ def process_factory(
     return ModelProcess(entry, options, plan, on_exit=on_exit, on_progress=on_progress)
 
 
-def in_process_factory(runtime: Runtime) -> ModelFactory:
-    """Models in this process (tests and benchmarks that look inside the scheduler)."""
-
-    def load(
-        entry: ModelEntry,
-        options: LoadOptions,
-        plan: LoadPlan,
-        on_exit: ExitCallback,
-        on_progress: Callable[[float], None] | None = None,
-    ) -> LoadedModel:
-        from lmsp_tray.engine.model import LlamaModel
-
-        return LlamaModel(runtime, entry, options, plan, on_load_progress=on_progress)
-
-    return load
-
-
-def gpu_free(runtime: Runtime | None) -> int | None:
+def gpu_free(devices: Devices | None) -> int | None:
     """Free memory on the GPUs llama.cpp sees, or None when there is no usable GPU."""
-    if runtime is None or not runtime.has_gpu:
-        return None
-    return sum(d.free_bytes for d in runtime.devices)
+    return None if devices is None else devices.gpu_free_bytes
 
 
 @dataclass
 class _Record:
-    state: str = AVAILABLE
+    state: ModelState = AVAILABLE
     model: LoadedModel | None = None
     plan: LoadPlan | None = None
     error: LMSPError | None = None
@@ -127,7 +121,7 @@ def _gb(n: int) -> str:
 class ModelManager:
     def __init__(
         self,
-        runtime: Runtime | None,
+        devices: Devices | None,
         options: LoadOptions,
         *,
         budget: MemoryBudget | None = None,
@@ -135,28 +129,34 @@ class ModelManager:
         reap_interval: float = 1.0,
         factory: ModelFactory = process_factory,
         cores: int | None = None,
+        per_model: Mapping[str, ModelLoad] | None = None,
+        find: Callable[[str], ModelEntry | None] | None = None,
     ) -> None:
-        """`runtime` tells free GPU memory for load plans (None: plan for the CPU)."""
-        self._runtime = runtime
+        """`devices` tells free GPU memory for load plans (None: plan for the CPU); `per_model`: models'
+        own load settings by id (applied at their next load); `find`: a model entry by id (the catalog's),
+        for the draft models those settings name."""
+        self._devices = devices
+        self._find = find
         self._factory = factory
         self._cores = cores or physical_cores()
         self._options = options
         self._budget = budget or MemoryBudget()
         self._default_keep_alive = keep_alive
+        self._per_model: Mapping[str, ModelLoad] = dict(per_model or {})
         self._records: dict[str, _Record] = {}
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)  # notified on every state change
-        self._listeners: list[Callable[[str, str], None]] = []
+        self._listeners: list[Callable[[str, ModelState], None]] = []
         self._closed = threading.Event()
         self._reaper = threading.Thread(target=self._reap, args=(reap_interval,), name="lmsp-reaper", daemon=True)
         self._reaper.start()
 
     # -- observation ----------------------------------------------------------------------------
-    def subscribe(self, listener: Callable[[str, str], None]) -> None:
+    def subscribe(self, listener: Callable[[str, ModelState], None]) -> None:
         """`listener(model_id, state)` is called after every state change."""
         self._listeners.append(listener)
 
-    def _set(self, model_id: str, record: _Record, state: str) -> None:
+    def _set(self, model_id: str, record: _Record, state: ModelState) -> None:
         record.state = state
         self._changed.notify_all()
         for listener in list(self._listeners):
@@ -165,7 +165,7 @@ class ModelManager:
             except Exception:  # a broken listener must not break loading
                 log.exception("model state listener failed")
 
-    def state(self, model_id: str) -> tuple[str, LMSPError | None]:
+    def state(self, model_id: str) -> tuple[ModelState, LMSPError | None]:
         with self._lock:
             record = self._records.get(model_id)
             return (record.state, record.error) if record else (AVAILABLE, None)
@@ -181,7 +181,7 @@ class ModelManager:
             record = self._records.get(model_id)
             return record.model if record and record.state == LOADED else None
 
-    def use_if_loaded(self, model_id: str, *, keep_alive: float | None | str = DEFAULT) -> LoadedModel | None:
+    def use_if_loaded(self, model_id: str, *, keep_alive: KeepAlive = DEFAULT) -> LoadedModel | None:
         """The model if it is loaded right now (marking it used), else None; never blocks on a load."""
         with self._lock:
             record = self._records.get(model_id)
@@ -194,32 +194,92 @@ class ModelManager:
         with self._lock:
             return [r.model for r in self._records.values() if r.state == LOADED and r.model is not None]
 
+    def unloads_in(self, model_id: str) -> float | None:
+        """Seconds until a loaded model is unloaded for being idle (its keep-alive counted from its last
+        use; a busy model's from now); None when it stays loaded (keep-alive "never", or not loaded)."""
+        with self._lock:
+            record = self._records.get(model_id)
+            model = record.model if record is not None else None
+            if record is None or record.state != LOADED or model is None or record.keep_alive is None:
+                return None
+            now = time.monotonic()
+            last = now if model.busy else max(record.last_used, model.last_activity)
+            return max(0.0, last + record.keep_alive - now)
+
     def context_window(self, entry: ModelEntry) -> int:
         """The window `entry` gets when loaded with the current settings (without asking the GPU)."""
-        return context_window(entry, self._options.context_cap, self._options.kv_budget_bytes)
+        options = self.options_for(entry.id)
+        return context_window(entry, options.context_cap, options.kv_budget_bytes)
+
+    def options_for(self, model_id: str) -> LoadOptions:
+        """How `model_id` loads next: the service-wide options with its own settings in their place."""
+        own = self._per_model.get(model_id)
+        return self._options if own is None else own.options(self._options)
+
+    def _keep_alive_for(self, model_id: str) -> float | None:
+        own = self._per_model.get(model_id)
+        return self._default_keep_alive if own is None else own.keep_alive_or(self._default_keep_alive)
+
+    @property
+    def devices(self) -> Devices | None:
+        """What llama.cpp sees, as probed at start-up (None: not known; the CPU is planned for)."""
+        return self._devices
 
     def plan(self, entry: ModelEntry) -> LoadPlan:
-        return plan_load(entry, self._options, gpu_free_bytes=gpu_free(self._runtime), cores=self._cores)
+        """How `entry` would load now: against the GPU memory free at start-up less what the models loaded
+        (or loading) since take there, so a second model on one GPU gets what the first left."""
+        free = gpu_free(self._devices)
+        if free is not None:
+            with self._lock:
+                taken = sum(
+                    r.plan.vram_bytes
+                    for mid, r in self._records.items()
+                    if mid != entry.id and r.state in (LOADING, LOADED, UNLOADING) and r.plan is not None
+                )
+            free = max(0, free - taken)
+        options = self.options_for(entry.id)
+        plan = plan_load(entry, options, gpu_free_bytes=free, cores=self._cores)
+        own = self._per_model.get(entry.id)
+        if own is None or not own.draft:
+            return plan
+        if not options.speculative:
+            return without_draft(plan, f"the draft model '{own.draft}' was not used: speculative decoding is off")
+        try:
+            draft = check_draft(entry, own.draft, self._find(own.draft) if self._find is not None else None)
+        except DraftRefused as exc:
+            log.warning("%s: %s; it loads without it", entry.id, exc.reason)
+            return without_draft(plan, exc.reason)
+        return with_draft(plan, draft)
 
     def reconfigure(
-        self, options: LoadOptions, budget: MemoryBudget, *, keep_alive: float | None | str = DEFAULT
+        self,
+        options: LoadOptions,
+        budget: MemoryBudget,
+        *,
+        keep_alive: KeepAlive = DEFAULT,
+        per_model: Mapping[str, ModelLoad] | None = None,
     ) -> None:
-        """Settings changed: loads from now on follow `options` and `budget`; a new default
-        `keep_alive` (seconds, None: never) also applies to the models loaded now."""
+        """Settings changed: loads from now on follow `options` and `budget` (and, given, `per_model`:
+        each model's own settings, from its next load); a new default `keep_alive` (seconds, None: never)
+        also applies to the models loaded now that have none of their own."""
         with self._lock:
             self._options = options
             self._budget = budget
-            if keep_alive != DEFAULT:
-                self._default_keep_alive = keep_alive  # type: ignore[assignment]
-                for record in self._records.values():
-                    record.keep_alive = keep_alive  # type: ignore[assignment]
+            if per_model is not None:
+                self._per_model = dict(per_model)
+            if keep_alive is not DEFAULT:
+                self._default_keep_alive = keep_alive
+                for model_id, record in self._records.items():
+                    own = self._per_model.get(model_id)
+                    if own is None or own.keep_alive is None:
+                        record.keep_alive = keep_alive
 
     # -- loading --------------------------------------------------------------------------------
     def _settled(self, model_id: str, waited: _Record) -> bool:
         """Whether the load or unload of `waited` is over (or its record was replaced); under the lock."""
         return self._records.get(model_id) is not waited or waited.state not in (LOADING, UNLOADING)
 
-    def acquire(self, entry: ModelEntry, *, keep_alive: float | None | str = DEFAULT) -> LoadedModel:
+    def acquire(self, entry: ModelEntry, *, keep_alive: KeepAlive = DEFAULT) -> LoadedModel:
         """The loaded model for `entry`, loading it first if needed (blocking)."""
         while True:
             with self._lock:
@@ -237,15 +297,30 @@ class ModelManager:
                     return record.model
                 if not entry.ok:
                     raise ModelLoadFailed(f"'{entry.id}' cannot be loaded: {entry.error or 'unreadable file'}")
-                plan = self.plan(entry)
+                plan = self._within_budget(self.plan(entry))
                 victims = self._make_room(entry.id, plan)
-                record = _Record(plan=plan, keep_alive=self._default_keep_alive)
+                record = _Record(plan=plan, keep_alive=self._keep_alive_for(entry.id))
                 self._records[entry.id] = record
                 self._set(entry.id, record, LOADING)
             for victim in victims:
                 log.info("unloading %s to make room for %s", victim, entry.id)
                 self.unload(victim, drain=True)
             return self._do_load(entry, record, keep_alive)
+
+    def _within_budget(self, plan: LoadPlan) -> LoadPlan:
+        """`plan`, or, when the budget cannot hold it with the model's projector but can without, the plan
+        for the text model alone (loaded for text only, saying why) rather than a refusal. Only the whole
+        budget counts: memory that busy models hold now is given back, so that 507 is worth a retry."""
+        budget = self._budget
+        limits = [
+            f"{_gb(n)} of {kind}" for n, kind in ((budget.ram_bytes, "memory"), (budget.vram_bytes, "GPU memory")) if n
+        ]
+        where = f"the memory budget for models ({', '.join(limits)})"
+        lean = fit_draft(plan, budget.ram_bytes, budget.vram_bytes, where=where)
+        if lean is not plan:
+            log.warning("%s", lean.draft_skipped)
+        plan = lean
+        return fit_projector(plan, budget.ram_bytes, budget.vram_bytes, where=where)
 
     def _make_room(self, model_id: str, plan: LoadPlan) -> list[str]:
         """Idle models to unload (least recently used first) so `plan` fits; 507 when it cannot."""
@@ -294,12 +369,12 @@ class ModelManager:
             )
         return victims
 
-    def _touch(self, record: _Record, keep_alive: float | None | str) -> None:
+    def _touch(self, record: _Record, keep_alive: KeepAlive) -> None:
         record.last_used = time.monotonic()
-        if keep_alive != DEFAULT:
-            record.keep_alive = keep_alive  # type: ignore[assignment]
+        if keep_alive is not DEFAULT:
+            record.keep_alive = keep_alive
 
-    def _do_load(self, entry: ModelEntry, record: _Record, keep_alive: float | None | str) -> LoadedModel:
+    def _do_load(self, entry: ModelEntry, record: _Record, keep_alive: KeepAlive) -> LoadedModel:
         assert record.plan is not None
         try:
             record.progress = 0.0
@@ -307,7 +382,7 @@ class ModelManager:
             def progress(share: float) -> None:
                 record.progress = min(max(share, 0.0), 1.0)  # one float: read under the lock, set without
 
-            model = self._factory(entry, self._options, record.plan, self._model_exited, progress)
+            model = self._factory(entry, self.options_for(entry.id), record.plan, self._model_exited, progress)
         except LMSPError as exc:
             with self._lock:
                 record.error = exc
@@ -317,6 +392,7 @@ class ModelManager:
             closed = self._closed.is_set()
             if not closed:
                 record.model = model
+                record.plan = model.plan  # as loaded: fewer GPU layers when the GPU ran out of memory
                 record.error = None
                 self._touch(record, keep_alive)
                 self._set(entry.id, record, LOADED)

@@ -1,6 +1,7 @@
 """The service's side of a model process: a `LoadedModel` whose llama.cpp runs elsewhere.
 
-`ModelProcess` starts `worker` for one model, sends it the load plan, and then
+`ModelProcess` starts the model process (`runner.worker`, by its module name:
+`launch`) for one model, sends it the load plan, and then
 stands in for the model: jobs go out as `wire.SUBMIT` frames and their
 deltas come back on a reader thread, which hands each to the job's sink (as
 the scheduler thread does in-process). Template rendering stays here (pure
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import functools
 import itertools
 import logging
@@ -36,18 +38,18 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lmsp_tray.discovery.entry import ModelEntry
-from lmsp_tray.engine import allocator, embedding, wire, worker
+from lmsp_tray.engine import allocator, embedding, launch, wire
 from lmsp_tray.engine.admission import Admission, unloading
 from lmsp_tray.engine.embedding import EmbedCancel, Embeddings
-from lmsp_tray.engine.jobs import ERROR, Finish, GenerationJob, GrammarOn
-from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan
+from lmsp_tray.engine.jobs import ERROR, AudioClip, Finish, GenerationJob, GrammarOn, ImagePixels
+from lmsp_tray.engine.load_plan import LoadOptions, LoadPlan, without_draft, without_projector
 from lmsp_tray.engine.loaded import ModelStats, Placement
 from lmsp_tray.engine.templates import ChatTemplate
 from lmsp_tray.engine.trigger import CallMarkers
 from lmsp_tray.errors import LMSPError, ModelCrashed, ModelLoadFailed, ServiceUnavailable
 
 log = logging.getLogger("lmsp_tray.engine.process")
-worker_log = logging.getLogger("lmsp_tray.engine.worker")
+worker_log = logging.getLogger("lmsp_tray.runner.worker")
 
 CLOSE_GRACE_S = 10.0  # a model process asked to stop without draining gets this long before SIGKILL
 _LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING, "ERROR": logging.ERROR}
@@ -123,8 +125,8 @@ class ModelProcess:
         self.allocator = preload.name if preload is not None else "system"
         try:
             self._proc = subprocess.Popen(
-                list(command or worker.command()),
-                cwd=worker.home(),
+                list(command or launch.worker_command()),
+                cwd=launch.home(),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -146,7 +148,7 @@ class ModelProcess:
         ]
         for thread in self._threads:
             thread.start()
-        self._send(wire.frame(wire.LOAD, 0, wire.pack_json(worker.load_spec(entry, options, plan, _log_level()))))
+        self._send(wire.frame(wire.LOAD, 0, wire.pack_json(launch.load_spec(entry, options, plan, _log_level()))))
         try:
             facts = self._ready.result()
         except LMSPError:
@@ -159,9 +161,18 @@ class ModelProcess:
             self.parallel = int(facts["parallel"])
             self._admission = Admission(self.parallel, options.max_queue)
             self.placement = Placement(**facts["placement"])
+            # The GPU layers it runs with: fewer than planned when the GPU ran out of memory at load.
+            self.plan = dataclasses.replace(plan, gpu_layers=self.placement.gpu_layers)
+            skipped = facts.get("projector_skipped")
+            if skipped and not plan.projector_skipped:  # libmtmd did not load the projector: text only
+                self.plan = without_projector(self.plan, str(skipped))
+            draft_skipped = facts.get("draft_skipped")
+            if draft_skipped and not plan.draft_skipped:  # the model process refused the draft (its vocabulary)
+                self.plan = without_draft(self.plan, str(draft_skipped))
             t = facts["template"]
             self.template = ChatTemplate(t["source"], t["name"], t["bos_token"], t["eos_token"], model_id=entry.id)
             self.embeddings = bool(facts.get("embeddings"))
+            self.sliding_window = bool(facts.get("sliding_window"))
         except (KeyError, TypeError, ValueError) as exc:
             self.close()
             raise ModelLoadFailed(f"Could not load '{entry.id}': the model process answered oddly ({exc}).") from None
@@ -201,6 +212,22 @@ class ModelProcess:
         _, payload = self._request(wire.TOKENIZE, head + text.encode("utf-8", errors="replace"))
         return wire.unpack_tokens(payload)
 
+    def measure(self, prompt: Sequence[int], media: Sequence[ImagePixels | AudioClip]) -> int:
+        _, payload = self._request(wire.MEASURE, wire.pack_job({}, prompt, media))
+        return wire.unpack_tokens(payload)[0]
+
+    def tokenize(
+        self, text: str, *, add_special: bool = False, parse_special: bool = True, with_pieces: bool = False
+    ) -> list[Any]:
+        """The tokens of `text` as the model process's tokenizer gives them (with `with_pieces`, each as
+        `{"id", "piece"}`), for `/tokenize`; nothing is decoded."""
+        request = {"op": "tokenize", "text": text, "add_special": add_special, "parse_special": parse_special}
+        return list(wire.unpack_json(self._call({**request, "with_pieces": with_pieces})))
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """The text of `tokens`, special tokens written out."""
+        return str(wire.unpack_json(self._call({"op": "detokenize", "tokens": [int(t) for t in tokens]})))
+
     def fim_tokens(self, prefix: str, suffix: str) -> list[int]:
         return list(wire.unpack_json(self._call({"op": "fim_tokens", "prefix": prefix, "suffix": suffix})))
 
@@ -228,23 +255,31 @@ class ModelProcess:
             "visible_tokens": sorted(job.visible_tokens),
             "lazy": trigger.to_json() if trigger is not None else None,
             "logprobs": job.logprobs,
+            "stable_prefix": job.stable_prefix,
         }
         cancel = wire.frame(wire.CANCEL, ident)
         job.on_cancel = lambda: self._send(cancel)
-        self._send(wire.frame(wire.SUBMIT, ident, wire.pack_job(spec, job.prompt)))
+        self._send(wire.frame(wire.SUBMIT, ident, wire.pack_job(spec, job.prompt, job.images)))
         if job.cancelled:  # cancelled before the hook was in place
             self._send(cancel)
 
     def embed(self, inputs: Sequence[str | Sequence[int]], *, cancel: EmbedCancel | None = None) -> Embeddings:
         """One vector per input, computed in the model process (blocking); `cancel` sends it a CANCEL
         for the request, and the answer is then `RequestCancelled`."""
+        return self._embed({"inputs": list(inputs)}, cancel)
+
+    def rerank(self, pairs: Sequence[tuple[str, str]], *, cancel: EmbedCancel | None = None) -> Embeddings:
+        """A reranker's scores (row i, column 0) of (query, document) pairs, as `embed` computes vectors."""
+        return self._embed({"pairs": [list(pair) for pair in pairs]}, cancel)
+
+    def _embed(self, request: dict[str, Any], cancel: EmbedCancel | None) -> Embeddings:
         with self._lock:
             if self._closing or self._exited.is_set():
                 raise unloading()
             self._embedding += 1
             self._last_activity = time.monotonic()
         try:
-            _, payload = self._request(wire.EMBED, wire.pack_json({"inputs": list(inputs)}), cancel=cancel)
+            _, payload = self._request(wire.EMBED, wire.pack_json(request), cancel=cancel)
             return embedding.unpack(payload)
         finally:
             with self._lock:
@@ -381,9 +416,14 @@ class ModelProcess:
         elif self._closing and rc == 0:
             error = ServiceUnavailable("The model was unloaded while the request was running.")
         else:
+            placement = getattr(self, "placement", None)
+            gpu = placement is not None and placement.device == "gpu"  # named first: a notification is short
             error = ModelCrashed(
-                f"The model '{self.id}' stopped: {self._reason(rc)}. Its running requests were ended; "
-                f"their output so far is kept. Send the request again to load the model anew."
+                f"The model '{self.id}' stopped"
+                + (f" (it ran on {placement.description})" if gpu and placement else "")
+                + f": {self._reason(rc)}. Its running requests were ended; their output so far is kept. "
+                + ("A driver error or a lost device ends this model's process only. " if gpu else "")
+                + "Send the request again to load the model anew."
             )
             log.error("%s", error.detail)
         with self._lock:

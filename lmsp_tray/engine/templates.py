@@ -17,20 +17,27 @@ finish), and stops it
 past `RenderBudget` with an `InvalidRequest` naming the model; `*` and `**`
 in a template cannot build huge strings or numbers. Callers render off the
 event loop (the service does it in a worker thread).
+
+A render can stop early (`at_most`): once its text passes that many characters it raises
+`RenderedPast` with the text so far, which is exactly the start of the whole rendering. A conversation
+of megabytes, far longer than a context window holds, is refused from that start (the service proves
+its length from a prefix) instead of spending a quarter of a second of a core, at the decode's
+priority, rendering all of it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import operator
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -126,6 +133,14 @@ class RenderBudget:
     max_power_bits: int = 4096  # largest number a template may compute with `**`
 
 
+class RenderedPast(Exception):
+    """A render stopped at `at_most` characters: `head` is the start of its text (without a leading BOS)."""
+
+    def __init__(self, head: str) -> None:
+        super().__init__(f"the rendering passed {len(head)} characters")
+        self.head = head
+
+
 class _OverBudget(BaseException):
     """Raised inside a template past its budget (a BaseException: no template code catches it)."""
 
@@ -209,9 +224,13 @@ class ChatTemplate:
         *,
         tools: Sequence[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        at_most: int | None = None,
         **extra: Any,
     ) -> str:
-        """The prompt text, without a leading BOS (tokenization adds it when the model wants one)."""
+        """The prompt text, without a leading BOS (tokenization adds it when the model wants one).
+
+        With `at_most`, a text that would be longer stops there: `RenderedPast` carries its first
+        `at_most` characters or more."""
         context: dict[str, Any] = {
             "messages": list(messages),
             "add_generation_prompt": add_generation_prompt,
@@ -226,7 +245,10 @@ class ChatTemplate:
         previous = sys.gettrace()
         sys.settrace(meter.on_call)
         try:
-            text = self._template.render(**context)
+            if at_most is None:
+                text = self._template.render(**context)
+            else:
+                text = self._head(context, at_most + len(self.bos_token))
         except _OverBudget:
             raise InvalidRequest(
                 f"The chat template of '{self.model_id or 'this model'}' did not finish rendering this "
@@ -243,9 +265,26 @@ class ChatTemplate:
             ) from None
         finally:
             sys.settrace(previous)
+        return self._without_bos(text)
+
+    def _without_bos(self, text: str) -> str:
         if self.bos_token and text.startswith(self.bos_token):
-            text = text[len(self.bos_token) :]
+            return text[len(self.bos_token) :]
         return text
+
+    def _head(self, context: dict[str, Any], limit: int) -> str:
+        """The rendering, piece by piece as Jinja writes it (the same text `render` joins), until it
+        passes `limit` characters: then `RenderedPast` with what was written."""
+        pieces: list[str] = []
+        size = 0
+        generated = cast("Generator[str, None, None]", self._template.generate(**context))  # typed an Iterator
+        with contextlib.closing(generated) as written:
+            for piece in written:
+                pieces.append(piece)
+                size += len(piece)
+                if size >= limit:
+                    raise RenderedPast(self._without_bos("".join(pieces)))
+        return "".join(pieces)
 
 
 def meter_limits(budget: RenderBudget, messages: int) -> str:

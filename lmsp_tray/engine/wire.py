@@ -20,10 +20,10 @@ import os
 import struct
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from lmsp_tray.engine.jobs import Finish, TokenLogprob
+from lmsp_tray.engine.jobs import AudioClip, Finish, FinishReason, ImagePixels, TokenLogprob
 from lmsp_tray.engine.sampling import SamplingParams
 from lmsp_tray.errors import LMSPError, error_from_problem
 
@@ -37,7 +37,8 @@ CANCEL = 3  # stop job `id` (a generation, or an EMBED request)
 TOKENIZE = 4  # u32 at_most (0: no limit), UTF-8 text -> TOKENS or ERROR
 CALL = 5  # JSON {"op": ...} -> REPLY or ERROR
 CLOSE = 6  # b"1": let running work finish first
-EMBED = 16  # JSON {"inputs": [text or token list, ...]} -> EMBEDDINGS or ERROR
+MEASURE = 7  # pack_job({}, prompt tokens, media) -> TOKENS [the prompt's length with its media's tokens] or ERROR
+EMBED = 16  # JSON {"inputs": [text or token list, ...]} or {"pairs": [[query, document], ...]} -> EMBEDDINGS or ERROR
 
 # model process -> service
 READY = 101  # JSON: the loaded model's facts
@@ -87,14 +88,35 @@ def unpack_tokens(payload: bytes | memoryview) -> list[int]:
 # -- jobs and their ends ---------------------------------------------------------------------------
 
 
-def pack_job(spec: dict[str, Any], prompt: Any) -> bytes:
+def pack_job(spec: dict[str, Any], prompt: Any, images: Sequence[ImagePixels | AudioClip] = ()) -> bytes:
+    """A job's JSON, its prompt tokens, then the pixels of its images and the bytes of its audio clips (in
+    the JSON: an image's size, an audio clip's length as ["audio", bytes, its part])."""
+    if images:
+        sizes = [[i.width, i.height] if isinstance(i, ImagePixels) else ["audio", len(i.data), i.param] for i in images]
+        spec = {**spec, "prompt_tokens": len(prompt), "images": sizes}
     head = pack_json(spec)
-    return struct.pack("<I", len(head)) + head + pack_tokens(prompt)
+    media = (i.rgb if isinstance(i, ImagePixels) else i.data for i in images)
+    return b"".join((struct.pack("<I", len(head)), head, pack_tokens(prompt), *media))
 
 
-def unpack_job(payload: bytes | memoryview) -> tuple[dict[str, Any], list[int]]:
+def unpack_job(payload: bytes | memoryview) -> tuple[dict[str, Any], list[int], list[ImagePixels | AudioClip]]:
     (size,) = struct.unpack_from("<I", payload)
-    return unpack_json(payload[4 : 4 + size]), unpack_tokens(payload[4 + size :])
+    spec = unpack_json(payload[4 : 4 + size])
+    sizes = spec.pop("images", None) or []
+    if not sizes:
+        return spec, unpack_tokens(payload[4 + size :]), []
+    at = 4 + size + 4 * int(spec.pop("prompt_tokens"))
+    prompt = unpack_tokens(payload[4 + size : at])
+    images: list[ImagePixels | AudioClip] = []
+    for first, second, *param in sizes:
+        if first == "audio":
+            n = int(second)
+            images.append(AudioClip(bytes(payload[at : at + n]), *param))
+        else:
+            n = int(first) * int(second) * 3
+            images.append(ImagePixels(int(first), int(second), bytes(payload[at : at + n])))
+        at += n
+    return spec, prompt, images
 
 
 def sampling_to_json(params: SamplingParams) -> dict[str, Any]:
@@ -126,13 +148,22 @@ def pack_finish(finish: Finish) -> bytes:
     }
     if finish.error is not None:
         data["error"] = pack_error(finish.error)
+    if finish.stop_sequence is not None:
+        data["stop_sequence"] = finish.stop_sequence
     return pack_json(data)
 
 
 def unpack_finish(payload: bytes | memoryview) -> Finish:
     data = unpack_json(payload)
     error = unpack_error(data["error"]) if data.get("error") else None
-    return Finish(data["reason"], data["prompt_tokens"], data["output_tokens"], data["cached_tokens"], error)
+    return Finish(
+        FinishReason(data["reason"]),
+        data["prompt_tokens"],
+        data["output_tokens"],
+        data["cached_tokens"],
+        error,
+        data.get("stop_sequence"),
+    )
 
 
 # -- reading and writing ---------------------------------------------------------------------------

@@ -95,6 +95,17 @@ class Api:
         return [(m, self.prefix + r.path, s) for r in self.routes for m, s in r.scopes.items()]
 
 
+class PathsApi(Api):
+    """An `Api` whose few routes carry their full paths and which owns exactly those paths (e.g. the
+    root `/rerank` that llama-server also serves, beside `/v1/rerank`)."""
+
+    def owns(self, path: str) -> bool:
+        return any(route.path == path for route in self.routes)
+
+    def starlette_routes(self) -> list[BaseRoute]:
+        return list(self.routes)
+
+
 def api_for(apis: Sequence[Api], path: str) -> Api:
     """The API a path belongs to; paths outside every API get the first one's errors."""
     return next((api for api in apis if api.owns(path)), apis[0])

@@ -11,8 +11,10 @@ from starlette.applications import Starlette
 from lmsp_tray.auth.console import ConsoleAccess
 from lmsp_tray.auth.pairing import Auth
 from lmsp_tray.errors import UnsupportedVersion
-from lmsp_tray.http.api import Api
+from lmsp_tray.http.anthropic import ANTHROPIC
+from lmsp_tray.http.api import Api, api_for
 from lmsp_tray.http.auth_routes import AUTH_ROUTES
+from lmsp_tray.http.body_parser import BodyParser
 from lmsp_tray.http.console_routes import (
     CONSOLE_API_ROUTES,
     CONSOLE_PAGE_ROUTES,
@@ -21,18 +23,34 @@ from lmsp_tray.http.console_routes import (
     load_assets,
 )
 from lmsp_tray.http.download_routes import DOWNLOAD_ROUTES
-from lmsp_tray.http.openai import OPENAI
+from lmsp_tray.http.metrics_routes import METRICS, METRICS_PATHS
+from lmsp_tray.http.model_routes import MODEL_ROUTES, ModelParts
+from lmsp_tray.http.ollama import OLLAMA
+from lmsp_tray.http.openai import OPENAI, OPENAI_ROOT
 from lmsp_tray.http.problems import EXCEPTION_HANDLERS, PROBLEMS, send_error
 from lmsp_tray.http.recorder import ActivityRecorder
 from lmsp_tray.http.routes import ROUTES
 from lmsp_tray.http.security import SecurityMiddleware, SecurityPolicy
 from lmsp_tray.http.stored_routes import STORED_ROUTES
+from lmsp_tray.http.tokenize_routes import TOKENIZE_ROUTES
 from lmsp_tray.serving.responder import Responder
 from lmsp_tray.serving.service import Service
 
-LMSP = Api("/lmsp/v1", [*DOWNLOAD_ROUTES, *ROUTES, *STORED_ROUTES, *AUTH_ROUTES, *CONSOLE_API_ROUTES], errors=PROBLEMS)
+LMSP = Api(
+    "/lmsp/v1",
+    [*DOWNLOAD_ROUTES, *TOKENIZE_ROUTES, *ROUTES, *MODEL_ROUTES, *STORED_ROUTES, *AUTH_ROUTES, *CONSOLE_API_ROUTES],
+    errors=PROBLEMS,
+)
 CONSOLE = Api("/console", CONSOLE_PAGE_ROUTES, errors=PROBLEMS, bare=console_redirect)  # the page's files
-APIS = [LMSP, CONSOLE, OPENAI]  # the first also answers for paths outside every API
+APIS = [
+    LMSP,
+    CONSOLE,
+    ANTHROPIC,
+    OPENAI,
+    OPENAI_ROOT,
+    METRICS,
+    OLLAMA,
+]  # the first also answers for paths outside every API; /v1/messages before /v1
 
 
 class VersionHeader:
@@ -82,6 +100,8 @@ def create_app(
     tasks: Any = None,
     downloads: Any = None,
     console: ConsoleParts | None = None,
+    models: ModelParts | None = None,
+    bodies: BodyParser | None = None,
 ) -> Any:
     """The ASGI app: the activity recorder (when there is an activity log), security checks (Host,
     Origin, token), the version rule, then the routes: the API and the console page.
@@ -89,7 +109,8 @@ def create_app(
     The daemon passes `responder`, `conversations` and `tasks` (built over the store); without them
     `store` and `Idempotency-Key` are ignored and the stored-response and task endpoints answer 503.
     It also passes `console` (the code exchange, activity log, settings); without it the console's
-    code exchange still works but its activity and settings endpoints answer 503."""
+    code exchange still works but its activity and settings endpoints answer 503. And `bodies`, the worker
+    process for big bodies, which it closes when it stops (without it the app starts its own, ended at exit)."""
     routes = [route for api in APIS for route in api.starlette_routes()]
     app = Starlette(routes=routes, exception_handlers=dict(EXCEPTION_HANDLERS))
     app.state.apis = APIS
@@ -101,7 +122,9 @@ def create_app(
     app.state.downloads = downloads
     app.state.console = console or ConsoleParts(ConsoleAccess(auth.tokens))
     app.state.console_assets = load_assets()
+    app.state.model_parts = models or ModelParts()
     app.state.large_bodies = asyncio.Semaphore(1)  # large bodies are decoded one at a time (routes.off_loop)
+    app.state.bodies = bodies or BodyParser()  # big bodies are parsed in a worker process (routes.read_parsed)
     policy = SecurityPolicy.build(service.config.allowed_origins, service.config.max_request_bytes)
     answered = VersionHeader(
         SecurityMiddleware(
@@ -110,7 +133,15 @@ def create_app(
             policy=policy,
             apis=APIS,
             keyless=lambda: service.config.keyless_scopes,  # the settings in effect (they change live)
+            keyless_paths=lambda: METRICS_PATHS if service.config.metrics_keyless else (),
         )
     )
     activity = app.state.console.activity
-    return answered if activity is None else ActivityRecorder(answered, activity)
+    return answered if activity is None else ActivityRecorder(answered, activity, route_of)
+
+
+def route_of(method: str, path: str) -> str | None:
+    """The path pattern of the route serving `method path` (e.g. `/v1/responses/{response_id}`), if any."""
+    api = api_for(APIS, path)
+    route = api.route_for(method, path)
+    return None if route is None else api.prefix + route.path

@@ -44,8 +44,8 @@ from lmsp_tray.serving.settings import Settings
 
 CONSOLE_PATH = "/console/"
 CSP = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
-    "manifest-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; media-src data:; "
+    "connect-src 'self'; manifest-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 PAGE_HEADERS = {
     "Content-Security-Policy": CSP,
@@ -74,6 +74,7 @@ class ConsoleParts:
     activity: ActivityLog | None = None
     settings: Settings | None = None
     reveal: Callable[[Path], object] | None = None  # show a folder in the file manager (desktop only)
+    store_bytes: Callable[[], int] | None = None  # the database's size on disk (for /metrics)
 
 
 def load_assets() -> dict[str, Asset]:

@@ -1,8 +1,9 @@
 """The LMSP endpoints: thin handlers that parse, call the service, and shape the answer.
 
 Each route is `api.Scoped`: it names the scope each of its methods needs. A body over
-`INLINE_BODY_BYTES` is decoded and validated on a worker thread (`read_response_create`), so a
-request of megabytes never holds up the other streams on the event loop. `answer_run` starts a
+`INLINE_BODY_BYTES` is decoded and validated on a worker thread (`read_parsed`), one of
+`PROCESS_BODY_BYTES` or more in the worker process (`body_parser`), so a request of megabytes never
+holds up the other streams, neither on the event loop nor on the interpreter lock. `answer_run` starts a
 run and answers it (replay, event stream or finished object) for `/lmsp/v1` and, in OpenAI's words
 (`Answer`), for `/v1`.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -20,8 +22,9 @@ from starlette.responses import JSONResponse, Response
 from lmsp_tray.errors import PayloadTooLarge
 from lmsp_tray.http import wire_json
 from lmsp_tray.http.api import PUBLIC, Scoped
+from lmsp_tray.http.body_parser import PROCESS_BODY_BYTES, BodyParser
 from lmsp_tray.http.security import KEYLESS, keyless_of, token_of
-from lmsp_tray.http.sse import EventStream, encode_event, unless_client_leaves
+from lmsp_tray.http.sse import KEEPALIVE, EventStream, encode_event, unless_client_leaves
 from lmsp_tray.protocol import strict_json
 from lmsp_tray.protocol.events import Event
 from lmsp_tray.protocol.requests import ResponseRequest, parse_response_create
@@ -110,8 +113,13 @@ async def read_json(request: Request) -> Any:
 
 
 async def read_parsed(request: Request, parse: Callable[[Any], T]) -> T:
-    """The body as JSON, validated by `parse`: both off the event loop when the body is large."""
-    return await off_loop(lambda raw: parse(decode_json(raw)), await read_body(request), request)
+    """The body as JSON, validated by `parse` (a module-level function): both off the event loop when the
+    body is large, and in the worker process (`app.state.bodies`) from `PROCESS_BODY_BYTES` on."""
+    raw = await read_body(request)
+    if len(raw) >= PROCESS_BODY_BYTES:
+        bodies: BodyParser = request.app.state.bodies
+        return await bodies.parse(parse, raw)
+    return await off_loop(lambda raw: parse(decode_json(raw)), raw, request)
 
 
 async def read_response_create(request: Request) -> ResponseRequest:
@@ -139,6 +147,7 @@ class Answer:
     replayed: Callable[[list[Event]], AsyncIterator[Event]] = iterate  # the stored events of a replayed stream
     encode: Callable[[Event], bytes] = encode_event  # one event on the wire
     trailer: bytes = b""  # after the last event of a stream that ended normally
+    ping: bytes = KEEPALIVE  # written when the stream has been silent `sse_keepalive` seconds
 
 
 LMSP_ANSWER = Answer()
@@ -152,7 +161,14 @@ async def answer_run(request: Request, parsed: ResponseRequest, answer: Answer) 
     run = await responder.start(parsed, caller=caller_of(request), key=idempotency_key(request))
 
     def stream(events: AsyncIterator[Event], **kwargs: Any) -> EventStream:
-        return EventStream(events, encode=answer.encode, trailer=answer.trailer, keepalive=keepalive(request), **kwargs)
+        return EventStream(
+            events,
+            encode=answer.encode,
+            trailer=answer.trailer,
+            ping=answer.ping,
+            keepalive=keepalive(request),
+            **kwargs,
+        )
 
     if isinstance(run, Replayed):
         if run.events is not None:
@@ -168,25 +184,47 @@ async def service_document(request: Request) -> Response:
     return JSON(_service(request).service_document())
 
 
+def sees_paths(request: Request) -> bool:
+    """Whether the caller may see where model files are (the user's home folder and name are in the
+    paths): only a token with `models:manage` (the console's, the owner's); any other app gets the
+    file name alone."""
+    return "models:manage" in getattr(token_of(request), "scopes", ())
+
+
+def file_names_only(request: Request, model: dict[str, Any]) -> dict[str, Any]:
+    """`model` (a model object or an incomplete file) with its full path replaced by the file name,
+    unless the caller `sees_paths`."""
+    if sees_paths(request):
+        return model
+    if "path" in model:  # an incomplete file
+        return {**model, "path": Path(str(model["path"])).name}
+    ext = model.get("extensions", {}).get("lmsp_tray")
+    if not ext or "path" not in ext:
+        return model
+    return {**model, "extensions": {**model["extensions"], "lmsp_tray": {**ext, "path": Path(ext["path"]).name}}}
+
+
 async def list_models(request: Request) -> Response:
     service = _service(request)
-    listing: dict[str, Any] = {"object": "list", "data": service.list_models()}
-    incomplete = service.incomplete_files()
-    if incomplete:  # files that are not models yet, apart from the list (this service's extension)
-        listing["extensions"] = {"lmsp_tray": {"incomplete_files": incomplete}}
+    listing: dict[str, Any] = {"object": "list", "data": [file_names_only(request, m) for m in service.list_models()]}
+    ext: dict[str, Any] = {"disk_bytes": service.disk_bytes()}  # this service's extension
+    incomplete = [file_names_only(request, f) for f in service.incomplete_files()]
+    if incomplete:  # files that are not models yet, apart from the list
+        ext["incomplete_files"] = incomplete
+    listing["extensions"] = {"lmsp_tray": ext}
     return JSON(listing)
 
 
 async def get_model(request: Request) -> Response:
-    return JSON(_service(request).get_model(request.path_params["model_id"]))
+    return JSON(file_names_only(request, _service(request).get_model(request.path_params["model_id"])))
 
 
 async def load_model(request: Request) -> Response:
-    return JSON(await _service(request).load_model(request.path_params["model_id"]))
+    return JSON(file_names_only(request, await _service(request).load_model(request.path_params["model_id"])))
 
 
 async def unload_model(request: Request) -> Response:
-    return JSON(await _service(request).unload_model(request.path_params["model_id"]))
+    return JSON(file_names_only(request, await _service(request).unload_model(request.path_params["model_id"])))
 
 
 async def create_response(request: Request) -> Response | EventStream:
@@ -199,6 +237,6 @@ ROUTES = [
     Scoped("/models", list_models, GET="models:read"),
     Scoped("/models/{model_id:path}/load", load_model, POST="models:manage"),
     Scoped("/models/{model_id:path}/unload", unload_model, POST="models:manage"),
-    Scoped("/models/{model_id:path}", get_model, GET="models:read"),
+    # GET /models/{model_id}: `model_routes.MODEL_ROUTES`, with DELETE on the same route
     Scoped("/responses", create_response, POST="responses:create"),
 ]

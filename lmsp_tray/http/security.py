@@ -55,12 +55,14 @@ from lmsp_tray.errors import (
     LMSPError,
     PayloadTooLarge,
     Unauthorized,
+    UriTooLong,
 )
 from lmsp_tray.http.api import PUBLIC, Api, api_for
 from lmsp_tray.http.problems import send_error
 
 MAX_HEADER_BYTES = 32 * 1024
 MAX_HEADERS = 100
+MAX_URL_BYTES = 32 * 1024  # path and query string: no route takes more (as much as all the headers)
 STATE_TOKEN = "lmsp_token"  # request.state key holding the caller's TokenRecord
 STATE_KEYLESS = "lmsp_keyless"  # request.state key: True when let in by `keyless_scopes`
 KEYLESS = "keyless"  # the caller a keyless request runs as
@@ -68,7 +70,10 @@ KEYLESS = "keyless"  # the caller a keyless request runs as
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
 REALM = 'Bearer realm="lmsp"'
 CORS_METHODS = "GET, POST, PATCH, DELETE, OPTIONS"
-CORS_HEADERS = "Authorization, Content-Type, LMSP-Version, Idempotency-Key, Last-Event-ID"
+CORS_HEADERS = (
+    "Authorization, Content-Type, LMSP-Version, Idempotency-Key, Last-Event-ID, X-Api-Key, Anthropic-Version, "
+    "Anthropic-Beta"
+)
 CORS_EXPOSE = "LMSP-Version, WWW-Authenticate, Retry-After, Location, Idempotent-Replayed"
 CORS_MAX_AGE = "600"
 _PORT = re.compile(r"[0-9]{1,5}")
@@ -110,8 +115,12 @@ class SecurityPolicy:
 
 
 def bearer(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """The credentials of the one `Authorization: Bearer …` header, else None."""
+    """The credentials of the one `Authorization: Bearer …` header, else of the one `x-api-key` header
+    (Anthropic's clients send the token there), else None."""
     values = [v for k, v in headers if k == b"authorization"]
+    if not values:
+        keys = [v for k, v in headers if k == b"x-api-key"]
+        values = [b"Bearer " + keys[0]] if len(keys) == 1 else []
     if len(values) != 1:
         return None
     try:
@@ -135,14 +144,16 @@ class SecurityMiddleware:
         policy: SecurityPolicy,
         apis: Sequence[Api],
         keyless: Callable[[], Iterable[str]] | None = None,
+        keyless_paths: Callable[[], Iterable[str]] | None = None,
     ) -> None:
-        """`keyless()` names the scopes granted without a valid token now (read per request, so a
-        change of settings applies at once)."""
+        """`keyless()` names the scopes granted without a valid token now, `keyless_paths()` the paths
+        open without one (both read per request, so a change of settings applies at once)."""
         self.app = app
         self.tokens = tokens
         self.policy = policy
         self.apis = list(apis)
         self.keyless = keyless
+        self.keyless_paths = keyless_paths
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -154,6 +165,10 @@ class SecurityMiddleware:
         async def refuse(error: LMSPError, send: Any = send) -> None:
             await send_error(send, error, api.errors)
 
+        url = len(scope.get("raw_path") or scope["path"].encode()) + len(scope.get("query_string") or b"")
+        if url > MAX_URL_BYTES:  # answered before routing: a 404 would echo it back, in full
+            await refuse(UriTooLong(f"The request URL is {url:,} bytes; the limit is {MAX_URL_BYTES:,} bytes."))
+            return
         size = sum(len(k) + len(v) + 4 for k, v in headers)
         if size > MAX_HEADER_BYTES or len(headers) > MAX_HEADERS:
             await refuse(
@@ -198,7 +213,7 @@ class SecurityMiddleware:
             try:
                 token = self._authorize(needed, headers)
             except (Unauthorized, InsufficientScope):
-                if not self._keyless_grants(needed):
+                if not self._keyless_grants(needed, scope["path"]):
                     raise
                 token = None
                 scope.setdefault("state", {})[STATE_KEYLESS] = True
@@ -229,9 +244,12 @@ class SecurityMiddleware:
             )
         return token
 
-    def _keyless_grants(self, needed: str | None) -> bool:
+    def _keyless_grants(self, needed: str | None, path: str) -> bool:
         """Whether `keyless_scopes` lets a request without a valid token in (a path no route serves:
-        when any scope is granted, so the router answers 404 rather than 401)."""
+        when any scope is granted, so the router answers 404 rather than 401), or `keyless_paths`
+        opens its path (`metrics_keyless`: Prometheus's scrapes of /metrics)."""
+        if self.keyless_paths is not None and path in self.keyless_paths():
+            return True
         if self.keyless is None:
             return False
         granted = set(self.keyless())

@@ -16,9 +16,13 @@ event when a blank line follows a comment after an event that had an `id:`
 — the SDK then fails parsing its empty data as JSON. A lone comment line is
 skipped by every parser and still keeps proxies and idle timers awake.
 
-The framing is the caller's: LMSP's `id:` / `event:` / `data:` by default,
-or, for OpenAI's chat completions, bare `data:` lines and a closing
-`data: [DONE]` (`encode`, `trailer`).
+This is the one SSE framer (`frame`): every event's `data:` line is JSON from
+`wire_json`, so no client's line splitter can cut it. Which lines an event
+gets is the caller's (`encode`, `trailer`): LMSP's `id:` / `event:` / `data:`
+by default (`encode_event`), `event:` and `data:` for OpenAI's Responses
+(`encode_without_id`: a `/v1` stream cannot be resumed), bare `data:` lines
+and a closing `DONE` for OpenAI's chat and text completions; Anthropic's
+keep-alive is a `ping` event (`ping`).
 """
 
 from __future__ import annotations
@@ -37,11 +41,23 @@ log = logging.getLogger("lmsp_tray.http")
 
 KEEPALIVE_SECONDS = 15.0
 KEEPALIVE = b": keep-alive\n"  # no blank line after it: see the module docstring
+DONE = b"data: [DONE]\n\n"  # OpenAI's end of a completions stream (a `trailer`)
+
+
+def frame(data: Any, *, event: str | None = None, event_id: int | None = None) -> bytes:
+    """One event on the wire: an `id:` line and an `event:` line when given, then `data:` (`wire_json`)."""
+    head = (f"id: {event_id}\n" if event_id is not None else "") + (f"event: {event}\n" if event else "")
+    return f"{head}data: {wire_json.dumps(data)}\n\n".encode()
 
 
 def encode_event(event: Event) -> bytes:
-    data = wire_json.dumps(event.data)
-    return f"id: {event.id}\nevent: {event.name}\ndata: {data}\n\n".encode()
+    """LMSP's framing: `id:`, `event:`, `data:` (a client resumes after the last id it saw)."""
+    return frame(event.data, event=event.name, event_id=event.id)
+
+
+def encode_without_id(event: Event) -> bytes:
+    """OpenAI's Responses framing: `event:` and `data:`, no `id:` (such a stream cannot be resumed)."""
+    return frame(event.data, event=event.name)
 
 
 class EventStream:
@@ -51,9 +67,11 @@ class EventStream:
         *,
         on_disconnect: Callable[[], None] | None = None,
         headers: dict[str, str] | None = None,
-        keepalive: float = KEEPALIVE_SECONDS,
+        keepalive: float | None = KEEPALIVE_SECONDS,
         encode: Callable[[Event], bytes] = encode_event,
         trailer: bytes = b"",
+        ping: bytes = KEEPALIVE,
+        media_type: str = "text/event-stream; charset=utf-8",
     ) -> None:
         self._encode = encode  # how an event is written (`/v1` writes OpenAI's, without `id:` lines)
         self._events = events
@@ -61,10 +79,12 @@ class EventStream:
         self._headers = headers or {}
         self._keepalive = keepalive
         self._trailer = trailer  # written after the last event of a stream that ended normally
+        self._ping = ping  # the keep-alive (Anthropic's clients read a `ping` event)
+        self._media_type = media_type  # Ollama's NDJSON streams (`keepalive` None: no line fits them) too
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         headers = [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"content-type", self._media_type.encode("latin-1")),
             (b"cache-control", b"no-cache"),
             (b"x-accel-buffering", b"no"),
         ] + [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self._headers.items()]
@@ -84,7 +104,7 @@ class EventStream:
                         raise _ClientGone
                     if pending in done:
                         break
-                    await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
+                    await send({"type": "http.response.body", "body": self._ping, "more_body": True})
                 try:
                     event = pending.result()
                 except StopAsyncIteration:

@@ -5,12 +5,14 @@ download task's terminal event carries the same document; the CLI prints the
 detail. New codes, beside the profile's: `repository_not_found` (404),
 `file_not_found` (404: no such file or quantization in the repository),
 `gated_repository` (403: a licence to accept first, or no access to a private
-repository; the problem carries ``license_url``), `insufficient_storage`
-(507: ``required_bytes``, ``available_bytes``, ``path``), `hub_unavailable`
+repository; the problem carries ``license_url``), `hub_unavailable`
 (502: the Hub could not be reached or answered oddly) and
 `verification_failed` (502: the file that arrived is not the one the Hub
 describes; the partial file has been deleted). None of these messages ever
-holds a token.
+holds a token. A disk too small for a download is the service's one
+`lmsp_tray.errors.InsufficientStorage` (507 `insufficient_storage`, carrying
+``required_bytes``, ``available_bytes`` and ``path``), so one `except` catches
+a full disk wherever it was met.
 """
 
 from __future__ import annotations
@@ -28,10 +30,6 @@ class HubFileNotFound(LMSPError):
 
 class GatedRepository(LMSPError):
     code, status, title = "gated_repository", 403, "Access to the repository is restricted"
-
-
-class InsufficientStorage(LMSPError):
-    code, status, title = "insufficient_storage", 507, "Insufficient storage"
 
 
 class HubUnavailable(LMSPError):

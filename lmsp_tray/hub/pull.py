@@ -31,6 +31,7 @@ from lmsp_tray.engine.load_plan import LoadOptions
 from lmsp_tray.hub.cache import RepoCache, present
 from lmsp_tray.hub.errors import DownloadCancelled
 from lmsp_tray.hub.fit import Fit, Machine, assess
+from lmsp_tray.hub.owned import Ledger
 from lmsp_tray.hub.refs import parse_ref
 from lmsp_tray.hub.remote import HubClient, RepoListing
 from lmsp_tray.hub.remote_header import remote_info
@@ -234,6 +235,7 @@ class Puller:
         free_space: FreeSpace = disk_free,
         transfers: Transfers | None = None,
         publish_guard: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+        ledger: Ledger | None = None,
     ) -> None:
         self.cache_root = Path(cache_root)
         self.client = client or HubClient()
@@ -242,6 +244,7 @@ class Puller:
         self.free_space = free_space
         self.transfers = transfers or Transfers()
         self.publish_guard = publish_guard
+        self.ledger = ledger  # where finished pulls are recorded (the revisions the service may delete)
 
     def _cache(self, repo_id: str) -> RepoCache:
         return RepoCache(self.cache_root, repo_id)
@@ -354,6 +357,8 @@ class Puller:
         with self.publish_guard():
             paths = tuple(cache.link(f.spec.etag, plan.commit, f.spec.path) for f in plan.files)
             cache.write_ref(plan.revision, plan.commit)
+        if self.ledger is not None and not plan.complete:  # fetched here (not all there before)
+            self.ledger.add(plan.repo_id, plan.commit, [f.spec.path for f in plan.files])
         model_index = next(i for i, f in enumerate(plan.files) if f.role == MODEL)
         projector_index = next((i for i, f in enumerate(plan.files) if f.role == PROJECTOR), None)
         model_path = paths[model_index]

@@ -23,7 +23,7 @@ import os
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 from lmsp_tray.errors import LMSPError
@@ -41,6 +41,7 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 30.0  # a stalled body raises after this long, and the transfer resumes
+SEARCH_TIMEOUT_S = 10.0  # a search a person waits for in the console
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,26 @@ class HubClient:
         )
         commit = info.sha or revision
         return RepoListing(repo_id, revision, commit, files, gated=bool(info.gated))
+
+    def search(self, text: str, *, limit: int) -> list[Any]:
+        """GGUF repositories whose name holds `text`, most downloaded first: the Hub's model search
+        (`/api/models` with the parameters `HfApi.list_models` sends) through huggingface_hub's own session
+        and headers, so `HF_ENDPOINT` and the user's token apply. One request, no retries: `list_models`
+        retries a refused connection for ~23 s while a person waits on the console. Its `ModelInfo`s."""
+        from huggingface_hub import ModelInfo
+        from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+        try:
+            answer = get_session().get(
+                f"{self.endpoint}/api/models",
+                params={"search": text, "filter": "gguf", "sort": "downloads", "limit": limit},
+                headers=build_hf_headers(token=self._token),
+                timeout=SEARCH_TIMEOUT_S,
+            )
+            hf_raise_for_status(answer)
+            return [ModelInfo(**{"siblings": None, **item}) for item in answer.json()[:limit]]
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a message for a person
+            raise self.translate(exc, text) from None
 
     def locate(self, repo_id: str, commit: str, path: str) -> Location:
         """The file's download location and metadata (a gated repository without access fails here)."""

@@ -15,7 +15,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from lmsp_tray.hub.errors import InsufficientStorage
+from lmsp_tray.errors import InsufficientStorage
 
 FreeSpace = Callable[[Path], int]
 HEADROOM_BYTES = 64 * 1024 * 1024

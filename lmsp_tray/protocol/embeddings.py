@@ -13,9 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from lmsp_tray.errors import InvalidRequest
+from lmsp_tray.protocol.validation import validated
 
 MAX_INPUTS = 2048  # as OpenAI
 
@@ -75,14 +76,7 @@ def _inputs(value: Any) -> tuple[str | tuple[int, ...], ...]:
 
 def parse_embedding_create(body: Any) -> EmbeddingRequest:
     """Validate a decoded JSON body into an `EmbeddingRequest`, or raise `InvalidRequest`."""
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
-    if "input" not in body:
+    if isinstance(body, dict) and "input" not in body:
         raise InvalidRequest("'input' is required.", param="input")
-    try:
-        edge = EmbeddingCreate.model_validate(body)
-    except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        param = ".".join(str(p) for p in err.get("loc") or ()) or None
-        raise InvalidRequest(f"'{param}': {err.get('msg')}." if param else str(err.get("msg")), param=param) from None
+    edge = validated(EmbeddingCreate, body)
     return EmbeddingRequest(edge.model, _inputs(edge.input), edge.encoding_format, edge.dimensions)

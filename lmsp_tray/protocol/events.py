@@ -345,7 +345,20 @@ class ResponseAssembler:
         return [self._event("response.output_item.added", output_index=index, item=copy.deepcopy(item))]
 
     # -- terminal events --------------------------------------------------------------------------
-    def complete(self, input_tokens: int, output_tokens: int, *, cached_tokens: int | None = None) -> list[Event]:
+    def complete(
+        self,
+        input_tokens: int,
+        output_tokens: int,
+        *,
+        cached_tokens: int | None = None,
+        stop_sequence: str | None = None,
+    ) -> list[Event]:
+        """`stop_sequence`: the request's stop string that ended the response, said in
+        `extensions.lmsp_tray.stop_sequence` (Anthropic's `stop_reason: stop_sequence` reads it)."""
+        if stop_sequence is not None:
+            extensions = dict(self.fields.get("extensions") or {})
+            extensions["lmsp_tray"] = {**(extensions.get("lmsp_tray") or {}), "stop_sequence": stop_sequence}
+            self.fields["extensions"] = extensions
         events = self.close_item()
         self.status = "completed"
         self.usage = usage(input_tokens, output_tokens, cached_tokens)

@@ -10,8 +10,8 @@ where a mistake would change the answer, liberal where clients differ
 harmlessly) and converts it; `openai_chunks` turns the service's events back
 into chat completion objects and chunks.
 
-What is refused, clearly (400): `n` other than 1, images and audio in
-content. `logprobs` / `top_logprobs` (up to 20) come from the model's raw
+What is refused, clearly (400): `n` other than 1, audio and files in
+content, images by URL (`image_url` parts are taken as `data:` URLs only). `logprobs` / `top_logprobs` (up to 20) come from the model's raw
 logits, for the tokens of a plain answer (not of thinking or tool calls).
 """
 
@@ -19,29 +19,29 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from lmsp_tray.errors import InvalidRequest, UnsupportedCapability
+from lmsp_tray.errors import InvalidRequest
+from lmsp_tray.protocol.images import Media, audio_from_base64, from_url, join_parts
+from lmsp_tray.protocol.openai_sampling import lmsp_options, sampling
 from lmsp_tray.protocol.requests import (
     FunctionCall,
     FunctionCallOutput,
+    InputAudio,
     Item,
-    LmspTrayOptions,
     Message,
     ResponseRequest,
     Tool,
-    _schema_size,
-    _translate,
     check_stop_list,
     items_size,
+    schema_size,
 )
+from lmsp_tray.protocol.validation import RefusedPart, validated
 
 MAX_TOP_LOGPROBS = 20
-SEED_RANGE = 2**32 - 1  # llama.cpp's seeds: 0 .. 2**32 - 2 (the last value means "random")
-M = TypeVar("M", bound=BaseModel)
-_IMAGE_PARTS = frozenset({"image_url", "input_audio", "file", "image", "audio", "input_image", "input_file"})
+_IMAGE_PARTS = frozenset({"file", "image", "audio", "input_image", "input_file"})
 
 
 class _Edge(BaseModel):
@@ -58,7 +58,28 @@ class RefusalPart(_Edge):
     refusal: str
 
 
-Part = Annotated[TextPart | RefusalPart, Field(discriminator="type")]
+class ImageURL(_Edge):
+    url: str
+    detail: str | None = None  # ignored: the model's projector decides the resolution
+
+
+class ImagePart(_Edge):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+    @field_validator("image_url", mode="before")
+    @classmethod
+    def _url(cls, value: Any) -> Any:
+        return {"url": value} if isinstance(value, str) else value  # some clients send the URL alone
+
+
+class AudioPart(_Edge):
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
+Part = Annotated[TextPart | RefusalPart | ImagePart | AudioPart, Field(discriminator="type")]
+MEDIA_PARTS = (ImagePart, AudioPart)
 
 
 def _content(value: Any) -> Any:
@@ -67,7 +88,11 @@ def _content(value: Any) -> Any:
         for i, part in enumerate(value):
             kind = part.get("type") if isinstance(part, dict) else None
             if isinstance(kind, str) and kind in _IMAGE_PARTS:
-                raise _Unreadable(kind, i)
+                raise RefusedPart(
+                    f"Content of type '{kind}' cannot be read: the models this service runs take text, images "
+                    f"(image_url parts) and audio (input_audio parts) only.",
+                    i,
+                )
     return value
 
 
@@ -203,13 +228,6 @@ class ChatCompletionCreate(_Edge):
         return check_stop_list(value)
 
 
-class _Unreadable(ValueError):
-    def __init__(self, kind: str, index: int) -> None:
-        super().__init__(kind)
-        self.kind = kind
-        self.index = index
-
-
 @dataclass
 class ChatRequest:
     """A validated chat completion request: the service's request and what only the chat shape needs."""
@@ -225,7 +243,25 @@ def _text(content: str | list[Any] | None) -> str:
         return ""
     if isinstance(content, str):
         return content
-    return "".join(p.text if isinstance(p, TextPart) else p.refusal for p in content)
+    return "".join(
+        p.text if isinstance(p, TextPart) else p.refusal if isinstance(p, RefusalPart) else "" for p in content
+    )
+
+
+def _part(part: Any, param: str) -> str | Media:
+    if isinstance(part, ImagePart):
+        return from_url(part.image_url.url, param)
+    if isinstance(part, AudioPart):
+        return audio_from_base64(part.input_audio.data, part.input_audio.format, param)
+    return _text([part])
+
+
+def _user_message(content: str | list[Any] | None, param: str) -> Message:
+    """A user message; with images or audio, its text as llama-server renders content parts, and its media."""
+    if not isinstance(content, list) or not any(isinstance(p, MEDIA_PARTS) for p in content):
+        return Message("user", _text(content))
+    text, media = join_parts([_part(p, f"{param}[{j}]") for j, p in enumerate(content)])
+    return Message("user", text, media)
 
 
 def _items(messages: list[Any]) -> list[Item]:
@@ -233,10 +269,14 @@ def _items(messages: list[Any]) -> list[Item]:
     items: list[Item] = []
     last_call_by_name: dict[str, str] = {}
     for i, message in enumerate(messages):
+        content = getattr(message, "content", None)
+        media = isinstance(content, list) and any(isinstance(p, MEDIA_PARTS) for p in content)
+        if media and not isinstance(message, UserMessage):
+            raise InvalidRequest("Only user messages may hold images or audio.", param=f"messages[{i}].content")
         if isinstance(message, SystemMessage):
             items.append(Message("system", _text(message.content)))
         elif isinstance(message, UserMessage):
-            items.append(Message("user", _text(message.content)))
+            items.append(_user_message(message.content, f"messages[{i}].content"))
         elif isinstance(message, AssistantMessage):
             text = _text(message.content)
             if text or not message.tool_calls:
@@ -258,39 +298,6 @@ def _items(messages: list[Any]) -> list[Item]:
     return items
 
 
-def _options(extensions: dict[str, Any] | None) -> dict[str, Any]:
-    ext = (extensions or {}).get("lmsp_tray") if isinstance(extensions, dict) else None
-    if ext is None:
-        return {}
-    if not isinstance(ext, dict):
-        raise InvalidRequest("extensions.lmsp_tray must be an object.", param="extensions.lmsp_tray")
-    try:
-        opts = LmspTrayOptions.model_validate(ext)
-    except ValidationError as exc:
-        raise _translate(exc, prefix=("extensions", "lmsp_tray")) from None
-    return opts.model_dump(exclude_none=True)
-
-
-def validated(edge_model: type[M], body: Any) -> M:
-    """A decoded `/v1` body validated as `edge_model`, or a 400 naming the field."""
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
-    try:
-        return edge_model.model_validate(body)
-    except ValidationError as exc:
-        raise _chat_error(exc) from None
-
-
-def stop_and_seed(stop: str | list[str] | None, seed: int | None, opts: dict[str, Any]) -> tuple[list[str], int | None]:
-    """The stop strings (the request's, else `extensions.lmsp_tray.stop`) and the seed
-    (`extensions.lmsp_tray.seed`, else the request's)."""
-    stops = [stop] if isinstance(stop, str) else list(stop or [])
-    chosen = opts.get("seed")
-    if chosen is None and seed is not None:
-        chosen = seed % SEED_RANGE  # OpenAI takes any integer; llama.cpp a 32-bit one
-    return stops or list(opts.get("stop") or []), chosen
-
-
 def parse_chat_create(body: Any) -> ChatRequest:
     """Validate a decoded `POST /v1/chat/completions` body, or raise a typed error naming the field."""
     edge = validated(ChatCompletionCreate, body)
@@ -301,7 +308,7 @@ def parse_chat_create(body: Any) -> ChatRequest:
         )
     if edge.top_logprobs and not edge.logprobs:
         raise InvalidRequest("'top_logprobs' needs 'logprobs': true.", param="top_logprobs")
-    opts = _options(edge.extensions)
+    opts = lmsp_options(edge.extensions)
     items = _items(edge.messages)
     tools = [
         Tool(
@@ -325,27 +332,17 @@ def parse_chat_create(body: Any) -> ChatRequest:
                 param="response_format.json_schema",
             )
         json_schema = fmt.json_schema.schema_ or {"type": "object"}
-    stop, seed = stop_and_seed(edge.stop, edge.seed, opts)
     size = (
         items_size(items)
-        + sum(len(t.description or "") + _schema_size(t.parameters) for t in tools)
-        + _schema_size(json_schema)
+        + sum(len(t.description or "") + schema_size(t.parameters) for t in tools)
+        + schema_size(json_schema)
     )
     request = ResponseRequest(
         model=edge.model,
         items=items,
         stream=edge.stream,
         max_output_tokens=edge.max_completion_tokens or edge.max_tokens,
-        temperature=edge.temperature,
-        top_p=opts.get("top_p", edge.top_p),
-        top_k=opts.get("top_k"),
-        min_p=opts.get("min_p"),
-        seed=seed,
-        stop=stop,
-        repeat_penalty=opts.get("repeat_penalty"),
-        presence_penalty=edge.presence_penalty or 0.0,
-        frequency_penalty=edge.frequency_penalty or 0.0,
-        keep_alive=opts.get("keep_alive"),
+        **sampling(edge, opts),
         reasoning=opts.get("reasoning"),
         json_schema=json_schema,
         json_object=fmt is not None and fmt.type == "json_object",
@@ -361,50 +358,3 @@ def parse_chat_create(body: Any) -> ChatRequest:
         logprobs=bool(edge.logprobs),
         top_logprobs=edge.top_logprobs or 0,
     )
-
-
-_UNION_LABELS = frozenset({"str", "list[tagged-union[TextPart,RefusalPart]]", "NamedChoice", "function-after"})
-
-
-def _chat_error(exc: ValidationError) -> Exception:
-    """The first pydantic error as a 400 naming the field (`messages[2].content`)."""
-    err = exc.errors(include_url=False)[0]
-    ctx_error = (err.get("ctx") or {}).get("error")
-    param = _param(tuple(err.get("loc") or ()))
-    if isinstance(ctx_error, _Unreadable):
-        return UnsupportedCapability(
-            f"Content of type '{ctx_error.kind}' cannot be read: the models this service runs take text only.",
-            param=f"{param}[{ctx_error.index}]" if param else None,
-        )
-    kind = err.get("type", "")
-    msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
-    if kind == "missing":
-        detail = f"'{param}' is required."
-    elif kind in ("union_tag_invalid", "union_tag_not_found"):
-        detail = f"'{param}' has an unknown or missing tag: {msg}."
-    else:
-        detail = f"'{param}': {msg}." if param else f"{msg}."
-    return InvalidRequest(detail, param=param or None)
-
-
-_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function", "text", "refusal"})
-
-
-def _param(loc: tuple[Any, ...]) -> str:
-    out = ""
-    after_index = False
-    for seg in loc:
-        if isinstance(seg, int):
-            out += f"[{seg}]"
-            after_index = True
-            continue
-        seg = str(seg)
-        if after_index and seg in _ROLES:  # the discriminator tag pydantic inserts after a list index
-            after_index = False
-            continue
-        after_index = False
-        if seg in _UNION_LABELS or "[" in seg or seg.startswith("function-"):
-            continue
-        seg = {"schema_": "schema"}.get(seg, seg)
-        out += ("." if out else "") + seg
-    return out

@@ -34,6 +34,7 @@ _STATUS_TYPES = {
     409: "invalid_request_error",
     410: "invalid_request_error",
     413: "invalid_request_error",
+    414: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
 }

@@ -22,9 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lmsp_tray.errors import InvalidRequest
 from lmsp_tray.protocol.events import Event
-from lmsp_tray.protocol.openai_chat import _options, stop_and_seed, validated
 from lmsp_tray.protocol.openai_chunks import OpenAIChunks, openai_object
+from lmsp_tray.protocol.openai_sampling import lmsp_options, sampling
 from lmsp_tray.protocol.requests import RawPrompt, ResponseRequest, check_stop_list
+from lmsp_tray.protocol.validation import validated
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions (editors send their own)
 
@@ -79,24 +80,14 @@ def parse_completion_create(body: Any) -> CompletionRequest:
         prompt = prompt[0]
     if edge.echo and edge.suffix is not None:
         raise InvalidRequest("'echo' cannot be combined with 'suffix'.", param="echo")
-    opts = _options(edge.extensions)
-    stop, seed = stop_and_seed(edge.stop, edge.seed, opts)
+    opts = lmsp_options(edge.extensions)
     include_usage = bool(edge.stream and (edge.stream_options or {}).get("include_usage"))
     request = ResponseRequest(
         model=edge.model,
         items=[],
         stream=edge.stream,
         max_output_tokens=edge.max_tokens,
-        temperature=edge.temperature,
-        top_p=opts.get("top_p", edge.top_p),
-        top_k=opts.get("top_k"),
-        min_p=opts.get("min_p"),
-        seed=seed,
-        stop=stop,
-        repeat_penalty=opts.get("repeat_penalty"),
-        presence_penalty=edge.presence_penalty or 0.0,
-        frequency_penalty=edge.frequency_penalty or 0.0,
-        keep_alive=opts.get("keep_alive"),
+        **sampling(edge, opts),
         raw=body,
         size=len(prompt) + len(edge.suffix or ""),
         completion=RawPrompt(prompt, edge.suffix),

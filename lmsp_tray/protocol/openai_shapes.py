@@ -11,9 +11,9 @@ through an `OpenAIView` of the request's tools:
   `custom_tool_call` with its plain-text `input` (streamed as
   `response.custom_tool_call_input.delta` / `.done`);
 - `error` is OpenAI's `{"code", "message"}`; `usage` carries both token details;
-- stream events carry a `sequence_number` from 0 and are written without SSE
-  `id:` lines, as OpenAI writes them (a `/v1` stream cannot be resumed), so a
-  keep-alive comment can never look like an event to a client;
+- stream events carry a `sequence_number` from 0 (`http.sse` writes them
+  without `id:` lines, as OpenAI does: a `/v1` stream cannot be resumed, and a
+  keep-alive comment can never look like an event to a client);
 - the `error` event is OpenAI's `{"type": "error", "code", "message", "param"}`.
 """
 
@@ -39,12 +39,6 @@ def openai_error(problem: dict[str, Any] | None) -> dict[str, Any] | None:
         "code": problem.get("code") or "server_error",
         "message": problem.get("message") or problem.get("detail") or problem.get("title") or "",
     }
-
-
-def sse_bytes(event: Event) -> bytes:
-    """One event as OpenAI writes it: `event:` and `data:` lines, no `id:`."""
-    data = json.dumps(event.data, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {event.name}\ndata: {data}\n\n".encode()
 
 
 def _custom_input(arguments: str) -> str:

@@ -22,11 +22,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
-from lmsp_tray.errors import InvalidRequest, UnsupportedCapability
+from lmsp_tray.errors import InvalidRequest
+from lmsp_tray.protocol.images import Media, audio_from_base64, from_url, join_parts
+from lmsp_tray.protocol.validation import RefusedPart, request_error
 
-RESERVED_CONTENT = frozenset(
-    {"input_image", "input_audio", "input_file", "image", "image_url", "audio", "file", "input_video"}
-)
+RESERVED_CONTENT = frozenset({"input_file", "image", "image_url", "audio", "file", "input_video"})
 MAX_STOP_SEQUENCES = 8
 MAX_C_INT = 2**31 - 1  # what llama.cpp's int parameters hold
 LARGE_REQUEST_CHARS = 16_000  # from this size on, a request is prepared off the event loop
@@ -62,7 +62,31 @@ class RefusalPart(_Edge):
     refusal: str
 
 
-ContentPart = Annotated[InputTextPart | OutputTextPart | RefusalPart, Field(discriminator="type")]
+class InputImagePart(_Edge):
+    """An image (an extension of LMSP 1.0, which reserves image content: OpenAI's Responses shape)."""
+
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: str | None = None  # ignored: the model's projector decides the resolution
+
+
+class InputAudio(_Edge):
+    data: str
+    format: str | None = None  # "wav" | "mp3" (OpenAI's); "flac" read too
+
+
+class InputAudioPart(_Edge):
+    """Audio (an extension of LMSP 1.0, which reserves audio content: OpenAI's `input_audio` shape)."""
+
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
+ContentPart = Annotated[
+    InputTextPart | OutputTextPart | RefusalPart | InputImagePart | InputAudioPart, Field(discriminator="type")
+]
+MEDIA_PARTS = (InputImagePart, InputAudioPart)
 
 
 class MessageItem(_Edge):
@@ -81,7 +105,11 @@ class MessageItem(_Edge):
                 kind = part.get("type") if isinstance(part, dict) else None
                 kind = kind if isinstance(kind, str) else None  # {"type": {}} must be a 400, not a crash
                 if kind in RESERVED_CONTENT:
-                    raise _Reserved(kind, i)
+                    raise RefusedPart(
+                        f"Content type '{kind}' is reserved in LMSP 1.0; this service accepts text, "
+                        f"input_image and input_audio only.",
+                        i,
+                    )
         return value
 
 
@@ -246,15 +274,8 @@ def _validate_input(items: list[Any]) -> list[Any]:
         try:
             out.extend(_INPUT_ITEMS.validate_python(items[start : start + INPUT_BATCH]))
         except ValidationError as exc:
-            raise _translate(exc, prefix=("input",), offset=start) from None
+            raise request_error(exc, prefix=("input",), offset=start) from None
     return out
-
-
-class _Reserved(ValueError):
-    def __init__(self, kind: str, index: int) -> None:
-        super().__init__(kind)
-        self.kind = kind
-        self.index = index
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,7 +285,8 @@ class _Reserved(ValueError):
 @dataclass(frozen=True)
 class Message:
     role: str  # system | user | assistant   (developer folds into system)
-    text: str
+    text: str  # with protocol.images.IMAGE_MARKER where each of `images` goes
+    images: tuple[Media, ...] = ()  # its images and audio clips, in order
 
 
 @dataclass(frozen=True)
@@ -308,6 +330,8 @@ class ResponseRequest:
     items: list[Item]
     stream: bool = False
     max_output_tokens: int | None = None
+    clamp_output: bool = False  # max_output_tokens is a ceiling the context window may lower (Anthropic's max_tokens)
+    context_limit: int | None = None  # the request's own cap on the window, never above the model's (Ollama's num_ctx)
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -333,6 +357,11 @@ class ResponseRequest:
     logprobs: int | None = None  # report each output token's log probability and this many alternatives
 
     @property
+    def images(self) -> list[Media]:
+        """The images and audio clips of the conversation, in the order the prompt holds them."""
+        return [image for item in self.items if isinstance(item, Message) for image in item.images]
+
+    @property
     def large(self) -> bool:
         """True when preparing this request (render, tokenize, grammar) belongs off the event loop."""
         return self.size >= LARGE_REQUEST_CHARS
@@ -354,13 +383,45 @@ def input_items(raw: dict[str, Any]) -> list[dict[str, Any]]:
 def items_size(items: list[Item]) -> int:
     """The characters of text, call arguments and tool outputs in `items`."""
     return sum(
-        len(i.text) if isinstance(i, Message) else len(i.arguments) if isinstance(i, FunctionCall) else len(i.output)
+        len(i.text) + sum(len(image.data) for image in i.images)
+        if isinstance(i, Message)
+        else len(i.arguments)
+        if isinstance(i, FunctionCall)
+        else len(i.output)
         for i in items
     )
 
 
-def _schema_size(schema: Any) -> int:
+def schema_size(schema: Any) -> int:
     return len(json.dumps(schema, separators=(",", ":"))) if schema else 0
+
+
+def _part_text(part: InputTextPart | OutputTextPart | RefusalPart | InputImagePart | InputAudioPart) -> str:
+    if isinstance(part, RefusalPart):
+        return part.refusal
+    return part.text if not isinstance(part, MEDIA_PARTS) else ""
+
+
+def _with_images(role: str, content: list[Any], param: str) -> Message:
+    """A message with `input_image` or `input_audio` parts: its text as llama-server renders parts, and its
+    media."""
+    parts: list[str | Media] = []
+    for j, part in enumerate(content):
+        if isinstance(part, InputAudioPart):
+            parts.append(audio_from_base64(part.input_audio.data, part.input_audio.format, f"{param}[{j}]"))
+        elif not isinstance(part, InputImagePart):
+            parts.append(_part_text(part))
+        elif part.image_url is None:
+            raise InvalidRequest(
+                "An input_image needs an image_url (a data: URL with base64 bytes); file_id is not supported.",
+                param=f"{param}[{j}].image_url",
+            )
+        else:
+            parts.append(from_url(part.image_url, f"{param}[{j}]"))
+    if role != "user":
+        raise InvalidRequest("Only user messages may hold images or audio.", param=param)
+    text, images = join_parts(parts)
+    return Message(role, text, images)
 
 
 def parse_response_create(body: Any) -> ResponseRequest:
@@ -372,24 +433,27 @@ def parse_response_create(body: Any) -> ResponseRequest:
     try:
         edge = ResponseCreate.model_validate({**body, "input": []} if batched else body)
     except ValidationError as exc:
-        raise _translate(exc) from None
+        raise request_error(exc) from None
     if batched:
         edge.input = _validate_input(ResponseCreate._input(raw_input))
     ext = edge.extensions.get("lmsp_tray")
     try:
         opts = LmspTrayOptions.model_validate(ext or {})
     except ValidationError as exc:
-        raise _translate(exc, prefix=("extensions", "lmsp_tray")) from None
+        raise request_error(exc, prefix=("extensions", "lmsp_tray")) from None
     if ext is not None and not isinstance(ext, dict):
         raise InvalidRequest("extensions.lmsp_tray must be an object.", param="extensions.lmsp_tray")
 
     items: list[Item] = []
     if edge.instructions:
         items.append(Message("system", edge.instructions))
-    for item in edge.input:
+    for n, item in enumerate(edge.input):
         if isinstance(item, MessageItem):
             role = "system" if item.role == "developer" else item.role
-            text = "".join(p.text if not isinstance(p, RefusalPart) else p.refusal for p in item.content)
+            if any(isinstance(p, MEDIA_PARTS) for p in item.content):
+                items.append(_with_images(role, item.content, f"input[{n}].content"))
+                continue
+            text = "".join(_part_text(p) for p in item.content)
             items.append(Message(role, text))
         elif isinstance(item, FunctionCallItem):
             items.append(FunctionCall(item.call_id, item.name, item.arguments, item.id))
@@ -410,8 +474,8 @@ def parse_response_create(body: Any) -> ResponseRequest:
     tools = [Tool(t.name, t.description, t.parameters) for t in edge.tools or []]
     size = (
         items_size(items)
-        + sum(len(t.description or "") + _schema_size(t.parameters) for t in tools)
-        + _schema_size(json_schema)
+        + sum(len(t.description or "") + schema_size(t.parameters) for t in tools)
+        + schema_size(json_schema)
     )
     return ResponseRequest(
         model=edge.model,
@@ -437,57 +501,3 @@ def parse_response_create(body: Any) -> ResponseRequest:
         input_items=input_items(body) if edge.store else [],
         size=size,
     )
-
-
-_PYDANTIC_TYPE_SEGMENTS = frozenset({"str", "int", "float", "bool", "none", "dict", "list", "NamedToolChoice"})
-_TAGS = frozenset(
-    {"message", "function_call", "function_call_output", "reasoning", "input_text", "text", "output_text", "refusal"}
-)
-
-
-def _translate(exc: ValidationError, prefix: tuple[Any, ...] = (), offset: int = 0) -> Exception:
-    """The first pydantic error as a problem naming the field (`input[0].content[1].text`); `offset`
-    is added to the first index (a batch of a long list, validated apart)."""
-    err = exc.errors(include_url=False)[0]
-    ctx_error = (err.get("ctx") or {}).get("error")
-    loc = tuple(err.get("loc") or ())
-    if offset and loc and isinstance(loc[0], int):
-        loc = (loc[0] + offset, *loc[1:])
-    loc = prefix + loc
-    param = _param(loc)
-    if isinstance(ctx_error, _Reserved):
-        where = f"{param}[{ctx_error.index}]" if param else None  # the content part's index
-        return UnsupportedCapability(
-            f"Content type '{ctx_error.kind}' is reserved in LMSP 1.0; this service accepts text only.",
-            param=where,
-        )
-    kind = err.get("type", "")
-    msg = str(err.get("msg", "invalid value"))
-    msg = msg.removeprefix("Value error, ")
-    if kind == "missing":
-        detail = f"'{param}' is required."
-    elif kind == "union_tag_invalid" or kind == "union_tag_not_found":
-        detail = f"'{param}' has an unknown or missing 'type': {msg}."
-    else:
-        detail = f"'{param}': {msg}." if param else f"{msg}."
-    return InvalidRequest(detail, param=param or None)
-
-
-def _param(loc: tuple[Any, ...]) -> str:
-    out = ""
-    prev_int = False
-    for seg in loc:
-        if isinstance(seg, int):
-            out += f"[{seg}]"
-            prev_int = True
-            continue
-        seg = str(seg)
-        if prev_int and seg in _TAGS:  # discriminated-union tag inserted by pydantic
-            prev_int = False
-            continue
-        if "[" in seg or seg.startswith("function-") or seg in _PYDANTIC_TYPE_SEGMENTS:
-            continue  # union-member labels pydantic inserts into locations
-        seg = {"schema_": "schema"}.get(seg, seg)
-        out += ("." if out else "") + seg
-        prev_int = False
-    return out

@@ -18,11 +18,18 @@ here, read through ``GET /lmsp/v1/activity``.
 
 Every entry carries `seq`, the value of a counter bumped on each change, so
 a reader polls with ``after=<largest seq seen>`` and gets only what changed.
+
+Beside the recent rows, `Totals` keeps the running sums since start that the
+rows are counted into as they end (requests by model, route and status;
+prompt, cached and generated tokens; time to first token and between tokens
+as histograms). ``GET /lmsp/v1/activity`` shows them as `totals` and
+``GET /metrics`` renders the same objects for Prometheus: one bookkeeping.
 """
 
 from __future__ import annotations
 
 import contextvars
+import copy
 import logging
 import os
 import re
@@ -41,6 +48,7 @@ MAX_REQUESTS = 500
 MAX_LOG_LINES = 500
 MAX_POINTS = 300  # 10 minutes at one point every 2 s
 SAMPLE_INTERVAL_S = 2.0
+STOPPED = "stopped"  # the outcome of an answer whose reader left before its end (the person stopped it)
 # Below this, the text of a short answer reaches the event loop in one burst and a rate means nothing.
 MIN_DECODE_S = 0.05
 
@@ -67,13 +75,14 @@ class RequestEntry:
     status: int | None = None  # HTTP status once known
     duration_ms: float | None = None
     model: str | None = None
-    outcome: str | None = None  # completed | incomplete | cancelled | failed (responses only)
+    outcome: str | None = None  # completed | incomplete | cancelled | failed | stopped (responses only)
     tokens_in: int | None = None
     tokens_out: int | None = None
     cached_tokens: int | None = None
     ttft_ms: float | None = None
     tokens_per_s: float | None = None
     done: bool = False
+    route: str | None = field(default=None, repr=False)  # the route's path pattern (the totals' label)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -112,6 +121,73 @@ class RunFigures:
     created: float  # monotonic, when the run was created
     first_output: float | None  # monotonic, first text out
     finished: float  # monotonic
+
+
+# Histogram bounds, in seconds (Prometheus's `le`; +Inf is implied).
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+INTER_TOKEN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+@dataclass
+class Histogram:
+    """Cumulative counts per upper bound, with the count and sum of what was observed."""
+
+    bounds: tuple[float, ...]
+    buckets: list[int] = field(default_factory=list)
+    count: int = 0
+    sum: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.buckets = self.buckets or [0] * len(self.bounds)
+
+    def observe(self, value: float, times: int = 1) -> None:
+        for i, bound in enumerate(self.bounds):
+            if value <= bound:
+                self.buckets[i] += times
+        self.count += times
+        self.sum += value * times
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bounds": list(self.bounds), "buckets": list(self.buckets), "count": self.count, "sum": self.sum}
+
+
+@dataclass
+class ModelTotals:
+    """One model's figures since start, from its finished responses."""
+
+    responses: dict[str, int] = field(default_factory=dict)  # by outcome
+    prompt_tokens: int = 0  # evaluated (not taken from the cache)
+    cached_tokens: int = 0  # prompt tokens reused from the KV cache
+    generated_tokens: int = 0
+    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+    inter_token: Histogram = field(default_factory=lambda: Histogram(INTER_TOKEN_BUCKETS))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "responses": dict(self.responses),
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "generated_tokens": self.generated_tokens,
+            "ttft_seconds": self.ttft.to_json(),
+            "inter_token_seconds": self.inter_token.to_json(),
+        }
+
+
+@dataclass
+class Totals:
+    """Running sums since the service started (a copy, read under the log's lock)."""
+
+    requests: dict[tuple[str, str, str, str], int] = field(default_factory=dict)  # (model, method, route, status)
+    models: dict[str, ModelTotals] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "requests": [
+                {"model": m, "method": meth, "route": r, "status": st, "count": n}
+                for (m, meth, r, st), n in sorted(self.requests.items())
+            ],
+            "models": {name: figures.to_json() for name, figures in sorted(self.models.items())},
+        }
 
 
 @dataclass(frozen=True)
@@ -170,6 +246,7 @@ class ActivityLog:
         self._lines: deque[LogLine] = deque(maxlen=MAX_LOG_LINES)
         self._points: deque[Point] = deque(maxlen=MAX_POINTS)
         self._last_sample: tuple[float, int] | None = None  # (monotonic, output tokens so far)
+        self._totals = Totals()
         # One per log (not per module), so two daemons in one process never mix their rows.
         self._current: contextvars.ContextVar[RequestEntry | None] = contextvars.ContextVar(
             f"lmsp_activity_{id(self)}", default=None
@@ -191,13 +268,20 @@ class ActivityLog:
     def reset(self, token: contextvars.Token) -> None:
         self._current.reset(token)
 
-    def end(self, entry: RequestEntry, status: int | None) -> None:
-        """The request's answer is complete (its last byte sent, or the client left)."""
+    def end(self, entry: RequestEntry, status: int | None, route: str | None = None) -> None:
+        """The request's answer is complete (its last byte sent, or the client left); `route`: the
+        path pattern it matched (what the totals count it under; the path itself when None)."""
         with self._lock:
+            if entry.done:
+                return
             entry.status = status if entry.status is None else entry.status
             entry.duration_ms = (time.monotonic() - entry.started) * 1000
             entry.done = True
             entry.seq = self._next_seq()
+            # A refused request's model is only what its path said (any string): not a label of its own.
+            known = entry.outcome is not None or (entry.status or 0) < 400
+            key = (entry.model or "" if known else "", entry.method, route or entry.endpoint, str(entry.status or 0))
+            self._totals.requests[key] = self._totals.requests.get(key, 0) + 1
 
     def status(self, entry: RequestEntry, status: int, app: str | None = None) -> None:
         """The status line went out (a stream's status is known long before it ends); `app`: who asked."""
@@ -221,11 +305,19 @@ class ActivityLog:
             entry.tokens_in = figures.tokens_in
             entry.tokens_out = figures.tokens_out
             entry.cached_tokens = figures.cached_tokens
+            totals = self._totals.models.setdefault(figures.model, ModelTotals())
+            totals.responses[figures.outcome] = totals.responses.get(figures.outcome, 0) + 1
+            totals.prompt_tokens += max(0, figures.tokens_in - figures.cached_tokens)
+            totals.cached_tokens += figures.cached_tokens
+            totals.generated_tokens += figures.tokens_out
             if figures.first_output is not None:
                 entry.ttft_ms = (figures.first_output - entry.started) * 1000
+                totals.ttft.observe(max(0.0, figures.first_output - entry.started))
                 decoding = figures.finished - figures.first_output
                 if figures.tokens_out > 1 and decoding >= MIN_DECODE_S:
                     entry.tokens_per_s = (figures.tokens_out - 1) / decoding
+                if figures.tokens_out > 1:  # each gap between two tokens, at the response's mean gap
+                    totals.inter_token.observe(max(0.0, decoding) / (figures.tokens_out - 1), figures.tokens_out - 1)
             entry.seq = self._next_seq()
 
     def note_model(self, model: str) -> None:
@@ -258,6 +350,11 @@ class ActivityLog:
             self._lines.append(LogLine(self._next_seq(), when, level, logger, redact(message)))
 
     # -- reading -----------------------------------------------------------------------------------
+    def totals(self) -> Totals:
+        """A copy of the running sums since start."""
+        with self._lock:
+            return copy.deepcopy(self._totals)
+
     def snapshot(self, after: int = 0) -> dict[str, Any]:
         """Rows and log lines changed after `after` (all with 0), the whole series, and the new cursor."""
         with self._lock:
@@ -265,6 +362,7 @@ class ActivityLog:
             lines = [ln.to_json() for ln in self._lines if ln.seq > after]
             points = [p.to_json() for p in self._points]
             cursor = self._seq
+            totals = self._totals.to_json()
         return {
             "object": "activity",
             "cursor": cursor,
@@ -272,6 +370,7 @@ class ActivityLog:
             "log": lines,
             "series": points,
             "sample_interval_s": SAMPLE_INTERVAL_S,
+            "totals": totals,
         }
 
 
@@ -336,11 +435,14 @@ def watch_service(activity: ActivityLog, service: Service) -> None:
 
     def finished(run: ResponseRun) -> None:
         finish = run.finish
+        # No finish: its reader went away first (the person pressed Stop, the app closed the stream);
+        # generation was stopped then, after the prompt and the tokens streamed so far.
+        outcome = run.assembler.status if finish is not None or run.assembler.finished else STOPPED
         activity.run_finished(
             RunFigures(
                 model=run.assembler.model,
-                outcome=run.assembler.status,
-                tokens_in=finish.prompt_tokens if finish else 0,
+                outcome=outcome,
+                tokens_in=finish.prompt_tokens if finish else len(run.job.prompt),
                 tokens_out=finish.output_tokens if finish else run.pieces,
                 cached_tokens=finish.cached_tokens if finish else 0,
                 created=run.created,

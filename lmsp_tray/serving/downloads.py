@@ -52,6 +52,7 @@ from lmsp_tray.hub.transfer import CancelToken
 from lmsp_tray.ids import new_id
 from lmsp_tray.protocol import downloads as ev
 from lmsp_tray.protocol.events import Event
+from lmsp_tray.protocol.states import TaskStatus
 from lmsp_tray.serving import storage
 from lmsp_tray.serving.replay import ANONYMOUS, Caller, Claim, Idempotency, Replay
 from lmsp_tray.serving.tasks import TaskFeed
@@ -189,7 +190,7 @@ class DownloadTasks:
             await asyncio.to_thread(self.puller.check_space, plan)
             task_id = new_id("task")
             request = {"model": model, "include_mmproj": projector, "plan": plan.to_json()}
-            first = ev.download_event(1, ev.CREATED, task_id, status="queued", download=download_object(plan))
+            first = ev.download_event(1, ev.CREATED, task_id, status=TaskStatus.QUEUED, download=download_object(plan))
             task = await storage.write(
                 self.db, _create, task_id, request, caller.owner, first, download_object(plan), claim
             )
@@ -219,7 +220,7 @@ class DownloadTasks:
             await run.feed.wait_closed(10.0)
         elif not task.terminal:  # queued by an earlier run and not started here (never expected)
             plan = PullPlan.from_json(task.request["plan"])
-            await self._finish_unstarted(task, plan, "cancelled")
+            await self._finish_unstarted(task, plan, TaskStatus.CANCELLED)
         current = await storage.read(self.db, task_store.get, task.id)
         return current or task
 
@@ -234,7 +235,7 @@ class DownloadTasks:
     def recover(self) -> list[TaskRecord]:
         """At start-up, before serving: downloads a stop or crash interrupted go back to the queue."""
         for task in self.db.read(task_store.unfinished, kind=ev.KIND):
-            if task.status == "in_progress":
+            if task.status == TaskStatus.IN_PROGRESS:
                 self.db.write_sync(_pause, task.id, RESTARTED, _bytes_done(task))
         return self.db.read(task_store.unfinished, kind=ev.KIND)
 
@@ -282,7 +283,7 @@ class DownloadTasks:
             log.exception("download task %s failed unexpectedly", run.task.id)
             with contextlib.suppress(Exception):
                 await self._end(
-                    run, "failed", error=InternalError("The download failed unexpectedly; it has been logged.")
+                    run, TaskStatus.FAILED, error=InternalError("The download failed unexpectedly; it has been logged.")
                 )
 
     async def _run_download(self, run: _Run) -> None:
@@ -335,13 +336,13 @@ class DownloadTasks:
             if exc.reason == SHUTDOWN:
                 await self._pause(run)
             else:
-                await self._end(run, "cancelled")
+                await self._end(run, TaskStatus.CANCELLED)
             return
         except LMSPError as exc:
-            await self._end(run, "failed", error=exc)
+            await self._end(run, TaskStatus.FAILED, error=exc)
             return
         model = await asyncio.to_thread(self._model_object, result)
-        await self._end(run, "completed", result=result, model=model)
+        await self._end(run, TaskStatus.COMPLETED, result=result, model=model)
 
     def _model_object(self, result: PullResult) -> dict[str, Any] | None:
         try:
@@ -368,7 +369,7 @@ class DownloadTasks:
     async def _end(
         self,
         run: _Run,
-        status: str,
+        status: TaskStatus,
         *,
         error: LMSPError | None = None,
         result: PullResult | None = None,
@@ -382,12 +383,12 @@ class DownloadTasks:
         self._set_status(
             run,
             state=status,
-            bytes_done=run.plan.total_bytes if status == "completed" else run.status.bytes_done,
+            bytes_done=run.plan.total_bytes if status == TaskStatus.COMPLETED else run.status.bytes_done,
             model_id=(model or {}).get("id"),
             error=error.detail if error else None,
         )
 
-    async def _finish_unstarted(self, task: TaskRecord, plan: PullPlan, status: str) -> None:
+    async def _finish_unstarted(self, task: TaskRecord, plan: PullPlan, status: TaskStatus) -> None:
         last = await self.db.aread(event_log.last_event_seq, task.id)
         events, record = _terminal(task.id, last + 1, plan, status, None, None, None, None)
         await self.db.awrite(_finish, task.id, status, events, record, None)
@@ -413,13 +414,13 @@ def _terminal(
     task_id: str,
     seq: int,
     plan: PullPlan,
-    status: str,
+    status: TaskStatus,
     progress: PullProgress | None,
     error: LMSPError | None,
     result: PullResult | None,
     model: dict[str, Any] | None,
 ) -> tuple[list[Event], dict[str, Any]]:
-    if status == "completed" and result is not None:
+    if status == TaskStatus.COMPLETED and result is not None:
         record = download_object(
             plan,
             progress=progress,
@@ -432,7 +433,7 @@ def _terminal(
             record["progress"] = {**record["progress"], "bytes_done": plan.total_bytes, "eta_seconds": 0}
         return [ev.download_event(seq, ev.COMPLETED, task_id, status=status, download=record, model=model)], record
     record = download_object(plan, progress=progress)
-    if status == "failed":
+    if status == TaskStatus.FAILED:
         problem = (error or InternalError("The download failed.")).to_problem()
         return [ev.download_event(seq, ev.FAILED, task_id, status=status, download=record, error=problem)], record
     kept = progress.bytes_done if progress else 0
@@ -479,7 +480,7 @@ def _requeue(conn: Any, task_id: str, event: Event) -> None:
 
 
 def _finish(
-    conn: Any, task_id: str, status: str, events: list[Event], record: dict[str, Any], error: LMSPError | None
+    conn: Any, task_id: str, status: TaskStatus, events: list[Event], record: dict[str, Any], error: LMSPError | None
 ) -> None:
     task_store.finish(
         conn, task_id, status, response=record, error=error.to_problem() if error else None, events=_rows(events)

@@ -4,7 +4,7 @@ Why apart from `service`: an embedding request is one question and one
 answer — no run, no events, no store — so it needs only the catalog and the
 model manager. The model must be an embedding model (`embeddings` in its
 capabilities); a chat model is refused with `unsupported_capability` (see
-README: lmsp-tray does not pool a generative model's states into vectors).
+docs/api-openai.md#embeddings: lmsp-tray does not pool a generative model's states into vectors).
 The engine checks every input against the model's window before decoding
 (400 naming the input's index) and batches the inputs of all requests;
 `dimensions` truncates and normalises again here. A request whose client went
@@ -14,12 +14,12 @@ frees its place); it then ends `RequestCancelled` and is not retried.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 
 from lmsp_tray.engine.embedding import EmbedCancel, Embeddings
-from lmsp_tray.errors import InvalidRequest, ModelCrashed, ServiceUnavailable, UnsupportedCapability
+from lmsp_tray.errors import InvalidRequest, UnsupportedCapability
 from lmsp_tray.protocol.embeddings import EmbeddingRequest
+from lmsp_tray.serving.on_model import ask_model
 from lmsp_tray.serving.service import Service
 
 
@@ -39,18 +39,7 @@ async def embed(
     width = entry.info.embedding_length if entry.info else None
     if request.dimensions is not None and width and request.dimensions > width:
         raise InvalidRequest(f"'dimensions' must be between 1 and {width} for '{entry.id}'.", param="dimensions")
-    for attempt in range(2):
-        model = service.models.use_if_loaded(entry.id)
-        if model is None:
-            model = await asyncio.to_thread(service.models.acquire, entry)
-        if cancel is not None:
-            cancel.check()  # gone while the model loaded
-        try:
-            result = await asyncio.to_thread(model.embed, list(request.inputs), cancel=cancel)
-            break
-        except (ServiceUnavailable, ModelCrashed):
-            if attempt or (cancel is not None and cancel.cancelled):
-                raise  # unloaded (or gone) twice in a row, or no one waits for it: give up
+    result = await ask_model(service, entry, lambda m: m.embed(list(request.inputs), cancel=cancel), cancel=cancel)
     return entry.id, result.truncated(request.dimensions)
 
 

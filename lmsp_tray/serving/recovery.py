@@ -21,6 +21,7 @@ from typing import Any
 
 from lmsp_tray.errors import ServiceRestarted
 from lmsp_tray.protocol.events import Event, ResponseAssembler
+from lmsp_tray.protocol.states import TaskStatus
 from lmsp_tray.store import Database, event_log
 from lmsp_tray.store import task_rows as task_store
 from lmsp_tray.store.task_rows import TaskRecord
@@ -41,7 +42,7 @@ def resumed(task: TaskRecord, logged: list[event_log.StoredEvent]) -> ResponseAs
 def end_task(
     conn: sqlite3.Connection,
     task_id: str,
-    status: str,
+    status: TaskStatus,
     error: dict[str, Any] | None = None,
     *,
     now: float | None = None,
@@ -52,7 +53,7 @@ def end_task(
     `incomplete` with the output it had. Returns the events appended, or None
     when the task had already ended (nothing written).
     """
-    if status not in ("failed", "cancelled"):
+    if status not in (TaskStatus.FAILED, TaskStatus.CANCELLED):
         raise ValueError(f"a task is ended 'failed' or 'cancelled', not {status!r}")
     task = task_store.get(conn, task_id)
     if task is None or task.terminal:
@@ -61,13 +62,13 @@ def end_task(
     asm = resumed(task, logged)
     events = [] if asm.started else asm.start()
     events += asm.close_item("incomplete")
-    events += asm.fail(error or {}) if status == "failed" else asm.cancel()
+    events += asm.fail(error or {}) if status == TaskStatus.FAILED else asm.cancel()
     task_store.finish(
         conn,
         task_id,
         status,
         response=asm.response(),
-        error=error if status == "failed" else None,
+        error=error if status == TaskStatus.FAILED else None,
         events=[(e.id, e.name, e.data) for e in events],
         now=now,
     )
@@ -75,7 +76,7 @@ def end_task(
 
 
 def end_with_error(conn: sqlite3.Connection, task_id: str, error: dict[str, Any]) -> list[Event] | None:
-    return end_task(conn, task_id, "failed", error)
+    return end_task(conn, task_id, TaskStatus.FAILED, error)
 
 
 def recover(db: Database) -> list[TaskRecord]:

@@ -1,8 +1,9 @@
 """The settings a person changes most, read and written for the console's Settings form.
 
 Why here: the form edits `config.toml` and the running service at once.
-Values are checked by the same rules as at start (`config.config_from_mapping`,
-one key at a time so an error names its field), then written back with
+Values are checked by config.toml's own schema (`config.config_from_mapping`:
+the changes together, an error naming its field; then the whole file as it
+will be written, so a file made worse is never saved), then written back with
 tomlkit, which keeps the file's comments, layout and every key the form does
 not show; a file that cannot be parsed is never overwritten. What can change
 live is applied through the `apply` hook the daemon passes (model folders and
@@ -17,9 +18,6 @@ layer's `Autostart`), absent when the service runs without one.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
 import threading
 import tomllib
 from collections.abc import Callable, Mapping
@@ -32,6 +30,7 @@ import tomlkit.exceptions
 
 from lmsp_tray.config import KEYLESS_ALLOWED, Config, ConfigError, Paths, config_from_mapping
 from lmsp_tray.errors import Conflict, InvalidRequest, ServiceUnavailable
+from lmsp_tray.private import PRIVATE_FILE, write_private
 
 START_AT_LOGIN = "start_at_login"
 
@@ -42,7 +41,9 @@ class Field:
 
     key: str
     label: str
-    kind: str  # "port" | "folders" | "bool" | "duration" | "int" | "auto_int" | "choice" | "scopes" (several choices)
+    # "port" | "optional_port" (empty: off) | "folders" | "bool" | "duration" | "int" | "auto_int" | "choice"
+    # | "scopes" (several choices)
+    kind: str
     help: str
     applies: str  # "restart" | "now" | "next_load"
     choices: tuple[str, ...] = ()
@@ -62,6 +63,14 @@ class Field:
 
 FIELDS: tuple[Field, ...] = (
     Field("port", "Port", "port", "The TCP port on 127.0.0.1 the service listens on.", "restart"),
+    Field(
+        "ollama_port",
+        "Ollama's port",
+        "optional_port",
+        "A second loopback port for apps fixed on Ollama's address (11434); used only when nothing else holds "
+        "it. Empty: off.",
+        "restart",
+    ),
     Field(
         "models_dirs",
         "Model folders",
@@ -88,7 +97,7 @@ FIELDS: tuple[Field, ...] = (
         "Context cap (tokens)",
         "auto_int",
         "The context window is the model's trained length or this, whichever is smaller; empty: sized from "
-        "memory (16k tokens or more where it fits, so a coding agent's first request fits).",
+        "memory (32k tokens or more where one sequence fits, so a coding agent's first request fits).",
         "next_load",
     ),
     Field(
@@ -117,6 +126,14 @@ FIELDS: tuple[Field, ...] = (
         "Leave all unticked unless an app needs it; prefer pairing.",
         "now",
         KEYLESS_ALLOWED,
+    ),
+    Field(
+        "metrics_keyless",
+        "Metrics without a token",
+        "bool",
+        "Let Prometheus read /metrics without a token (counts and timings per model; no prompts or answers). "
+        "Any program on this computer can then read them.",
+        "now",
     ),
 )
 FIELD_KEYS = frozenset(f.key for f in FIELDS)
@@ -163,7 +180,7 @@ class Settings:
         self.running = running
         self.apply = apply
         self.login_item = login_item
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()  # one change of config.toml at a time (this form's, a model's settings)
 
     # -- reading ------------------------------------------------------------------------------------
     def _file_values(self) -> dict[str, Any]:
@@ -230,10 +247,11 @@ class Settings:
                     )
                 login_value = value
             elif key in FIELD_KEYS:
-                config_changes[key] = check_value(key, value)
+                config_changes[key] = _as_written(key, value)
             else:
                 raise InvalidRequest(f"'{str(key)[:40]}' is not a setting this form changes.", param=str(key)[:64])
-        with self._lock:
+        checked = _checked(config_changes)
+        with self.lock:
             if config_changes:
                 self._write(config_changes)
             if login_value is not None:
@@ -242,12 +260,28 @@ class Settings:
                     self.login_item.set(login_value)
                 except Exception as exc:  # noqa: BLE001 - the OS refused: say so, plainly
                     raise ServiceUnavailable(f"Could not change start at login: {exc}") from None
-            applied = self._apply(config_changes)
+            applied = self._apply(config_changes, checked)
         doc = self.document()
         doc["applied"] = sorted(applied | ({START_AT_LOGIN} if login_value is not None else set()))
         return doc
 
     def _write(self, changes: Mapping[str, Any]) -> None:
+        def change(doc: tomlkit.TOMLDocument) -> None:
+            for key, value in changes.items():
+                spelled = next((k for k in list(doc.keys()) if k.replace("-", "_") == key), key)
+                if value is None:
+                    if spelled in doc:
+                        del doc[spelled]
+                else:
+                    doc[spelled] = value
+
+        self.edit(change)
+
+    def edit(self, change: Callable[[tomlkit.TOMLDocument], None]) -> Config:
+        """config.toml changed by `change` (on its tomlkit document: comments, layout and other keys
+        kept), checked whole by its own rules and written in one rename; the new file's `Config`.
+        A file that does not parse, or that the change would leave invalid, is not touched (409).
+        Callers outside `update` hold `lock`."""
         path = self.paths.config_file
         try:
             text = path.read_text(encoding="utf-8")
@@ -259,26 +293,22 @@ class Settings:
             doc = tomlkit.parse(text)
         except tomlkit.exceptions.TOMLKitError as exc:
             raise Conflict(f"{path} is not valid TOML ({exc}); fix it in a text editor first.") from None
-        for key, value in changes.items():
-            spelled = next((k for k in list(doc.keys()) if k.replace("-", "_") == key), key)
-            if value is None:
-                if spelled in doc:
-                    del doc[spelled]
-            else:
-                doc[spelled] = value
+        change(doc)
         new_text = tomlkit.dumps(doc)
         try:
-            config_from_mapping(tomllib.loads(new_text), source=str(path))
+            config = config_from_mapping(tomllib.loads(new_text), source=str(path))
         except (ConfigError, tomllib.TOMLDecodeError) as exc:
             raise Conflict(f"{exc}. Fix config.toml in a text editor; nothing was changed.") from None
         _write_atomic(path, new_text)
+        return config
 
-    def _apply(self, changes: Mapping[str, Any]) -> set[str]:
-        live = {k: v for k, v in changes.items() if next(f for f in FIELDS if f.key == k).applies != "restart"}
+    def _apply(self, changes: Mapping[str, Any], checked: Config) -> set[str]:
+        """Hands the changed values, as the service uses them (`checked`: the changes validated,
+        defaults for the removed keys), to the `apply` hook; returns the keys applied."""
+        live = [k for k in changes if next(f for f in FIELDS if f.key == k).applies != "restart"]
         if not live or self.apply is None:
             return set()
-        coerced = config_from_mapping({k: v for k, v in live.items() if v is not None}, source="settings")
-        self.apply({k: getattr(coerced if live[k] is not None else _DEFAULTS, k) for k in live})
+        self.apply({k: getattr(checked, k) for k in live})
         return set(live)
 
 
@@ -292,35 +322,30 @@ def _file_value(key: str, raw: Any) -> Any:
         return raw  # edited by hand since the start; the form shows it and refuses it on save
 
 
-def check_value(key: str, value: Any) -> Any:
-    """`value` if config.toml may hold it for `key` (None: remove the key), else 400 naming the field."""
-    if value is None:
-        return None
+def _as_written(key: str, value: Any) -> Any:
+    """A form value as config.toml will hold it: model folders trimmed, and none of them empty (the
+    form's own rule: in the file an empty path would mean the current folder)."""
     if key == "models_dirs" and isinstance(value, list):
         value = [v.strip() if isinstance(v, str) else v for v in value]
         if any(v == "" for v in value):
             raise InvalidRequest("models_dirs: a folder path cannot be empty", param=key)
-    try:
-        config_from_mapping({key: value}, source="settings")
-    except ConfigError as exc:
-        raise InvalidRequest(str(exc).removeprefix("settings: "), param=key) from None
     return value
 
 
+def _checked(changes: Mapping[str, Any]) -> Config:
+    """The changes validated together by config.toml's rules (a null removes a key: its default),
+    else 400 naming the first bad field."""
+    try:
+        return config_from_mapping({k: v for k, v in changes.items() if v is not None}, source="settings")
+    except ConfigError as exc:
+        raise InvalidRequest(exc.detail, param=exc.setting) from None
+
+
 def _write_atomic(path: Path, text: str) -> None:
-    """Replace `path` with `text` in one rename, keeping the file's permissions."""
+    """Replace `path` with `text` in one rename, keeping the file's permissions (0600 for a new one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         mode = path.stat().st_mode & 0o777
     except FileNotFoundError:
-        mode = 0o600  # private to the user, like everything the service keeps
-    fd, tmp = tempfile.mkstemp(prefix=".config-", suffix=".toml", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+        mode = PRIVATE_FILE  # private to the user, like everything the service keeps
+    write_private(path, text, mode=mode)

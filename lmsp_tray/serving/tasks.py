@@ -50,6 +50,7 @@ from lmsp_tray.errors import (
 from lmsp_tray.ids import new_id
 from lmsp_tray.protocol.events import Event
 from lmsp_tray.protocol.requests import ResponseRequest, parse_response_create
+from lmsp_tray.protocol.states import TaskStatus
 from lmsp_tray.serving import storage
 from lmsp_tray.serving.conversations import Conversations, PreparedRequest
 from lmsp_tray.serving.recovery import end_task
@@ -312,7 +313,7 @@ class TaskManager:
             if task_id in self._waiting:
                 self._waiting.remove(task_id)
                 self._owner_of.pop(task_id, None)
-            await self._end_unstarted(task, "cancelled")
+            await self._end_unstarted(task, TaskStatus.CANCELLED)
         elif feed.run is not None:
             feed.run.cancel()
         if feed is not None:
@@ -389,7 +390,7 @@ class TaskManager:
             feed.close()
             return
         if feed.cancel_requested:
-            await self._end_unstarted(task, "cancelled")
+            await self._end_unstarted(task, TaskStatus.CANCELLED)
             return
         try:
             request = await asyncio.to_thread(parse_response_create, task.request)  # it may be long
@@ -404,10 +405,10 @@ class TaskManager:
                 self._waiting.appendleft(task_id)
                 self._owner_of[task_id] = task.owner
             elif feed.cancel_requested:
-                await self._end_unstarted(task, "cancelled")
+                await self._end_unstarted(task, TaskStatus.CANCELLED)
             return
         except LMSPError as exc:
-            await self._end_unstarted(task, "failed", exc)
+            await self._end_unstarted(task, TaskStatus.FAILED, exc)
             return
         feed.run = run
         if self._stopping:
@@ -479,7 +480,7 @@ class TaskManager:
                 producer.cancel()
                 await asyncio.gather(producer, return_exceptions=True)
 
-    async def _end_unstarted(self, task: TaskRecord, status: str, error: LMSPError | None = None) -> None:
+    async def _end_unstarted(self, task: TaskRecord, status: TaskStatus, error: LMSPError | None = None) -> None:
         """End a task that has no run (queued, or failed to start) after whatever its log holds."""
         problem = error.to_problem() if error is not None else None
         events = await storage.write(self.db, end_task, task.id, status, problem)
@@ -488,7 +489,7 @@ class TaskManager:
     async def _fail_in_store(self, task_id: str, feed: TaskFeed, error: LMSPError) -> None:
         """Last resort after a failed write: end the task after whatever its log holds."""
         try:
-            events = await self.db.awrite(end_task, task_id, "failed", error.to_problem())
+            events = await self.db.awrite(end_task, task_id, TaskStatus.FAILED, error.to_problem())
         except Exception:
             log.exception("task %s: could not be ended in the store", task_id)
             events = None

@@ -12,7 +12,7 @@ terminal events)::
     def fail(conn):
         seq = events.last_event_seq(conn, task.id) + 1
         data = build_failed_event(task, seq)          # service: protocol knowledge
-        return tasks.finish(conn, task.id, "failed", error=err, response=resp,
+        return tasks.finish(conn, task.id, TaskStatus.FAILED, error=err, response=resp,
                             events=[(seq, "response.failed", data)])
     db.write_sync(fail)
 
@@ -28,18 +28,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from lmsp_tray.protocol.states import TaskStatus
 from lmsp_tray.store import event_log
 from lmsp_tray.store.errors import TaskMissing, UnknownCursor, UnknownStatus
 
-TASK_STATUSES = ("queued", "in_progress", "completed", "incomplete", "failed", "cancelled")
+TASK_STATUSES = tuple(TaskStatus)
 RESPONSE = "response"  # a background response (`POST /tasks`); other kinds: "model.download"
-TERMINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
+TERMINAL_STATUSES = frozenset(status for status in TaskStatus if status.terminal)
 
 
 @dataclass(frozen=True)
 class TaskRecord:
     id: str
-    status: str
+    status: TaskStatus
     created_at: float
     updated_at: float
     request: dict[str, Any] = field(repr=False)
@@ -95,7 +96,7 @@ def _record(row: sqlite3.Row | tuple) -> TaskRecord:
     (tid, status, created, updated, request, response_id, owner, started, finished, response, error, kind) = tuple(row)
     return TaskRecord(
         id=tid,
-        status=status,
+        status=TaskStatus(status),
         created_at=created,
         updated_at=updated,
         request=json.loads(request),
@@ -126,7 +127,7 @@ def create(
         "VALUES (?, 'queued', ?, ?, ?, ?, ?, ?)",
         (task_id, now, now, _dumps(dict(request)), response_id, owner, kind),
     )
-    return TaskRecord(task_id, "queued", now, now, dict(request), response_id, owner, kind=kind)
+    return TaskRecord(task_id, TaskStatus.QUEUED, now, now, dict(request), response_id, owner, kind=kind)
 
 
 def get(conn: sqlite3.Connection, task_id: str, *, owner: str | None = None) -> TaskRecord | None:
@@ -171,7 +172,7 @@ def requeue(
     """
     now = time.time() if now is None else now
     current = _require(conn, task_id)
-    if current.status != "in_progress":
+    if current.status != TaskStatus.IN_PROGRESS:
         return None
     event_log.append_events(conn, task_id, events, now=now)
     conn.execute("UPDATE tasks SET status = 'queued', updated_at = ? WHERE id = ?", (now, task_id))
@@ -190,7 +191,7 @@ def set_result(conn: sqlite3.Connection, task_id: str, result: Mapping[str, Any]
 def finish(
     conn: sqlite3.Connection,
     task_id: str,
-    status: str,
+    status: TaskStatus,
     *,
     response: Mapping[str, Any] | None = None,
     error: Mapping[str, Any] | None = None,
@@ -293,8 +294,8 @@ def recover_after_crash(conn: sqlite3.Connection, *, now: float | None = None) -
         "UPDATE event_logs SET closed_at = ? WHERE kind = 'response' AND closed_at IS NULL", (now,)
     ).rowcount
     return Recovery(
-        interrupted=[t for t in tasks if t.status == "in_progress"],
-        queued=[t for t in tasks if t.status == "queued"],
+        interrupted=[t for t in tasks if t.status == TaskStatus.IN_PROGRESS],
+        queued=[t for t in tasks if t.status == TaskStatus.QUEUED],
         abandoned_keys=abandoned,
         closed_streams=closed,
     )

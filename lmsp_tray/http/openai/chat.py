@@ -19,24 +19,21 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from lmsp_tray.http import wire_json
 from lmsp_tray.http.api import Scoped
 from lmsp_tray.http.routes import Answer, answer_run, read_parsed
-from lmsp_tray.http.sse import EventStream
+from lmsp_tray.http.sse import DONE, EventStream, frame
 from lmsp_tray.protocol.events import Event
 from lmsp_tray.protocol.openai_chat import parse_chat_create
 from lmsp_tray.protocol.openai_chunks import Chunker, ChunkWriter, chat_chunks, chat_completion, openai_error
 from lmsp_tray.protocol.openai_completions import CompletionChunks, parse_completion_create, text_completion
 from lmsp_tray.serving.replay import iterate
 
-DONE = b"data: [DONE]\n\n"
-
 
 def encode_chunk(event: Event) -> bytes:
     """One chunk as OpenAI writes it: a bare `data:` line (no `id:`, no `event:`); the stream's own failure
     (`error`, holding a problem document) as OpenAI's error object."""
     data = openai_error(event.data["error"]) if event.name == "error" else event.data
-    return b"data: " + wire_json.dumpb(data) + b"\n\n"
+    return frame(data)
 
 
 def _chunked(chunker: Chunker, final: Callable[[dict[str, Any]], dict[str, Any]]) -> Answer:

@@ -19,7 +19,7 @@ from starlette.responses import Response
 
 from lmsp_tray.engine.embedding import EmbedCancel, Embeddings
 from lmsp_tray.http.api import Scoped
-from lmsp_tray.http.routes import JSON, decode_json, off_loop, read_body
+from lmsp_tray.http.routes import JSON, read_parsed
 from lmsp_tray.http.sse import unless_client_leaves
 from lmsp_tray.http.wire_json import dumpb
 from lmsp_tray.protocol.embeddings import parse_embedding_create
@@ -38,7 +38,7 @@ def _answer(model_id: str, result: Embeddings, encoding_format: str) -> bytes:
 
 
 async def create_embeddings(request: Request) -> Response:
-    parsed = await off_loop(lambda raw: parse_embedding_create(decode_json(raw)), await read_body(request))
+    parsed = await read_parsed(request, parse_embedding_create)
     cancel = EmbedCancel()
     work = asyncio.ensure_future(embed(_service(request), parsed, cancel=cancel))
     try:  # the client left: stop embedding the rest of its inputs now

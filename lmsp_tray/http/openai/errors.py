@@ -9,11 +9,10 @@ only writes them the way OpenAI does, never a traceback.
 
 from __future__ import annotations
 
-import json
-
 from starlette.responses import Response
 
 from lmsp_tray.errors import LMSPError
+from lmsp_tray.http import wire_json
 from lmsp_tray.protocol.openai_chunks import error_type  # OpenAI's `type` by HTTP status
 
 __all__ = ["OPENAI_ERRORS", "OpenAIErrors", "error_body", "error_type"]
@@ -35,7 +34,7 @@ class OpenAIErrors:
     """The `ErrorShape` of `/v1` (see `lmsp_tray.http.api`)."""
 
     def _body(self, error: LMSPError) -> bytes:
-        return json.dumps(error_body(error), ensure_ascii=False).encode("utf-8")
+        return wire_json.dumpb(error_body(error))
 
     def encode(self, error: LMSPError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         body = self._body(error)

@@ -22,9 +22,9 @@ from starlette.responses import Response
 from lmsp_tray.errors import InvalidRequest, ServiceUnavailable
 from lmsp_tray.http.api import Scoped
 from lmsp_tray.http.routes import JSON, Answer, answer_run, caller_of, read_parsed
-from lmsp_tray.http.sse import EventStream
+from lmsp_tray.http.sse import EventStream, encode_without_id
 from lmsp_tray.protocol.openai_requests import parse_openai_response_create
-from lmsp_tray.protocol.openai_shapes import MAX_INPUT_ITEMS_PAGE, OpenAIView, page, sse_bytes
+from lmsp_tray.protocol.openai_shapes import MAX_INPUT_ITEMS_PAGE, OpenAIView, page
 from lmsp_tray.serving.conversations import Conversations
 from lmsp_tray.serving.replay import iterate
 
@@ -43,7 +43,7 @@ async def create_response(request: Request) -> Response | EventStream:
         final=view.response,
         live=view.events,
         replayed=lambda events: iterate(view.replayed(events)),
-        encode=sse_bytes,
+        encode=encode_without_id,
     )
     return await answer_run(request, parsed, answer)
 

@@ -1,0 +1,152 @@
+"""Speculative decoding without a draft model: prompt lookup, and when drafting pays.
+
+Text a model mostly copies — an edited document, a rewritten function, a quoted
+passage — repeats stretches of its own context. `PromptLookup` finds the
+longest recent n-gram (24, 12, 4, then 3 tokens) that ends the sequence so far and
+also occurs earlier in it (prompt or output), and proposes the tokens that
+followed that earlier occurrence as a draft. A long match is a passage being
+copied: it drafts long at once (48 tokens after 12 matched, 62 after 24, as
+llama.cpp's `ngram-mod`, which drafts only after 24), even while short drafts
+are paused, so copying resumes a few tokens after each edit; and the 24-token
+context picks the right one of several places where the last 12 tokens occur
+(boilerplate in code). The scheduler decodes the
+sequence's next token and the draft in the same batch as every other
+sequence's step, then samples each position in order with the sequence's own
+sampler and keeps a draft token only while it equals what was sampled there:
+
+- Greedy decoding gives exactly the tokens it gives without speculation (each
+  kept token is the model's own argmax at its position).
+- With sampling, each emitted token is still drawn from the model's own
+  distribution given the tokens before it, with the same random stream in the
+  same order: for a drafter that proposes one token with certainty this *is*
+  the standard acceptance rule (keep with probability p(draft), else draw
+  from the rest), so the output distribution — and a seeded output — is
+  unchanged.
+- Grammars, penalties and lazy grammar triggers see the emitted tokens one at
+  a time, in order, exactly as without speculation.
+
+`Drafting` decides how long a draft may be for one sequence: it grows while
+drafts are accepted whole, shrinks to what was accepted, and after drafts
+keep failing it stops drafting short for a while (longer each time), so free-form
+text, where lookups rarely predict anything, pays almost nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+NGRAMS = (24, 12, 4, 3)  # match lengths tried, longest first (2-grams recur by chance in free text)
+MAX_DRAFT = 16
+# A 12-token match is a passage being copied: its draft may be this long at once, whatever the
+# adaptive length or a pause (llama-server's ngram-simple drafts 48 after a 12-token match). On a
+# quiet machine that took a 600-token edit from 0.84x to 1.06x of ngram-simple's speed, a code edit
+# from 0.60x to 1.01x (benchmarks/edit_workload.py --quick).
+LONG_NGRAM = 12
+LONG_DRAFT = 48
+# After 24 matched tokens, as llama.cpp's ngram-mod (n_match 24): surer still, and longer. Not
+# ngram-mod's 64: with the next token that feeds 65 positions of one sequence, and llama.cpp's CPU
+# flash attention takes a tiled kernel from 64 queries of a sequence on (GGML_FA_TILE_Q), rounding
+# differently from the one-query path a plain decode takes. 62 drafted + 1 keeps every step under 64.
+LONGER_NGRAM = 24
+LONGER_DRAFT = 62
+FIRST_DRAFT = 2
+MISSES_BEFORE_PAUSE = 2  # verifications in a row that kept nothing
+FIRST_PAUSE = 8  # steps without drafting after that; doubles each time, up to MAX_PAUSE
+MAX_PAUSE = 256
+
+
+class Drafter(Protocol):
+    """Proposes draft tokens for one sequence, told each token the sequence emits."""
+
+    def append(self, token: int) -> None: ...  # pragma: no cover
+
+    def draft(self, limit: int, long_limit: int = 0) -> list[int]: ...  # pragma: no cover
+
+
+# Made for a sequence from its tokens so far (the prompt, and the next token to decode).
+DrafterFactory = Callable[[list[int]], Drafter]
+
+
+class PromptLookup:
+    """The tokens of one sequence so far, indexed by n-gram for draft lookups."""
+
+    def __init__(self, tokens: Sequence[int]) -> None:
+        self.tokens = list(tokens)
+        t = self.tokens
+        last = len(t) - 1  # the n-gram that ends the sequence has no continuation yet
+        # key: the n tokens before position i (exclusive) -> i, the most recent occurrence wins
+        self._index: dict[int, dict[tuple[int, ...], int]] = {}
+        for n in NGRAMS:
+            keys = zip(*(t[j : last - n + 1 + j] for j in range(n)), strict=True) if last >= n else iter(())
+            self._index[n] = dict(zip(keys, range(n, last + 1), strict=False))
+
+    def append(self, token: int) -> None:
+        t = self.tokens
+        t.append(token)
+        i = len(t) - 1  # position `i` now has a token: the n-gram before it has a continuation
+        for n, index in self._index.items():
+            if i >= n:
+                index[tuple(t[i - n : i])] = i
+
+    def draft(self, limit: int, long_limit: int = 0) -> list[int]:
+        """Up to `limit` tokens that followed the latest earlier occurrence of the sequence's ending;
+        when that ending is `LONG_NGRAM` tokens long, up to `long_limit` (at most `LONG_DRAFT`, or
+        `LONGER_DRAFT` after `LONGER_NGRAM`), even where `limit` is 0 (short drafts paused)."""
+        t = self.tokens
+        if max(limit, long_limit) <= 0:
+            return []
+        for n, index in self._index.items():
+            if len(t) <= n:
+                continue
+            at = index.get(tuple(t[-n:]))
+            if at is not None:
+                if n < LONG_NGRAM:
+                    return t[at : at + limit] if limit > 0 else []
+                cap = LONGER_DRAFT if n >= LONGER_NGRAM else LONG_DRAFT
+                return t[at : at + max(limit, min(long_limit, cap))]
+        return []
+
+
+@dataclass
+class Drafting:
+    """How much one sequence drafts, learned from what its drafts kept."""
+
+    length: int = FIRST_DRAFT
+    misses: int = 0  # verifications in a row that kept nothing
+    pause: int = 0  # steps left without drafting
+    next_pause: int = FIRST_PAUSE
+    drafted: int = 0
+    accepted: int = 0
+    history: list[tuple[int, int]] = field(default_factory=list)  # (drafted, kept), for tests
+
+    def limit(self) -> int:
+        """The longest draft to propose at this step (0: not now)."""
+        if self.pause > 0:
+            self.pause -= 1
+            return 0
+        return self.length
+
+    def record(self, drafted: int, kept: int) -> None:
+        if drafted <= 0:
+            return
+        self.drafted += drafted
+        self.accepted += kept
+        if len(self.history) < 64:
+            self.history.append((drafted, kept))
+        if kept == drafted:
+            self.length = min(MAX_DRAFT, self.length * 2)
+            self.misses = 0
+            self.pause = 0  # a long draft taken whole during a pause: copying again
+            self.next_pause = FIRST_PAUSE
+        elif kept > 0:
+            self.length = max(1, kept + 1)
+            self.misses = 0
+        else:
+            self.length = max(1, self.length // 2)
+            self.misses += 1
+            if self.misses >= MISSES_BEFORE_PAUSE:
+                self.pause, self.misses = self.next_pause, 0
+                self.next_pause = min(MAX_PAUSE, self.next_pause * 2)
+                self.length = FIRST_DRAFT

@@ -1,0 +1,225 @@
+"""Big bodies are parsed in a worker process (`http.body_parser`): the same objects and the same answers as in
+process, and the streams' tokens keep flowing while the worker holds its own interpreter lock."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import multiprocessing
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from support import SLOW_ID, TINY_ID, LiveDaemon
+
+from lmsp_tray.errors import LMSPError
+from lmsp_tray.http import routes
+from lmsp_tray.http.body_parser import BACKGROUND_NICE, CHUNK_ITEMS, BodyParser, parse_body, sliced_parse_body
+from lmsp_tray.protocol.anthropic import parse_count_tokens, parse_message_create
+from lmsp_tray.protocol.embeddings import parse_embedding_create
+from lmsp_tray.protocol.ollama_requests import parse_chat, parse_embed, parse_generate, parse_legacy_embed
+from lmsp_tray.protocol.openai_chat import parse_chat_create
+from lmsp_tray.protocol.openai_completions import parse_completion_create
+from lmsp_tray.protocol.openai_requests import parse_openai_response_create
+from lmsp_tray.protocol.requests import parse_response_create
+
+MESSAGES = [
+    {"role": "user", "content": "hi"},
+    {"role": "assistant", "content": "hello"},
+    {"role": "user", "content": "x"},
+]
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+RESPONSES_TOOL = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
+
+# Each parser that reads a body, with a body it accepts and bodies it refuses.
+PARSERS: list[tuple[Any, dict[str, Any], list[bytes]]] = [
+    (parse_response_create, {"model": "m", "input": "hi", "max_output_tokens": 3}, [b'{"model": 1}']),
+    (parse_openai_response_create, {"model": "m", "input": "hi", "tools": [RESPONSES_TOOL]}, [b'{"input": {}}']),
+    (parse_chat_create, {"model": "m", "messages": MESSAGES, "tools": [TOOL], "seed": 3}, [b'{"model":"m"}']),
+    (parse_completion_create, {"model": "m", "prompt": "once", "max_tokens": 4}, [b'{"model":"m","prompt":7}']),
+    (parse_embedding_create, {"model": "m", "input": ["a", "b"]}, [b'{"model":"m","input":{}}']),
+    (parse_message_create, {"model": "m", "max_tokens": 5, "messages": MESSAGES}, [b'{"model":"m","messages":3}']),
+    (parse_count_tokens, {"model": "m", "messages": MESSAGES}, [b'{"messages":[]}']),
+    (parse_chat, {"model": "m", "messages": MESSAGES, "options": {"seed": 1}}, [b'{"model":"m","messages":"x"}']),
+    (parse_generate, {"model": "m", "prompt": "hi", "keep_alive": "5m"}, [b'{"model":"m","keep_alive":"soon"}']),
+    (parse_embed, {"model": "m", "input": "a"}, [b'{"model":"m","input":5}']),
+    (parse_legacy_embed, {"model": "m", "prompt": "a"}, [b'{"model":"m","prompt":[]}']),
+]
+MALFORMED = [b"{", b'{"a": NaN}', b"[" * 70 + b"]" * 70, b'"\\ud800"', b"\xff"]
+
+
+def outcome(parse: Any, raw: bytes, bodies: BodyParser | None) -> Any:
+    """What parsing `raw` gives: the object, or the problem document of the error (in process without `bodies`)."""
+    try:
+        return asyncio.run(bodies.parse(parse, raw)) if bodies is not None else parse_body(parse, raw)
+    except LMSPError as exc:
+        return {"refused": (type(exc), exc.to_problem(), exc.headers)}
+
+
+def test_a_body_parsed_in_the_worker_gives_the_same_object_or_error() -> None:
+    bodies = BodyParser()
+    try:
+        for parse, good, bad in PARSERS:
+            for raw in [json.dumps(good).encode(), *bad, *MALFORMED]:
+                here, there = outcome(parse, raw, None), outcome(parse, raw, bodies)
+                assert there == here, (parse.__name__, raw[:40])
+            assert not isinstance(outcome(parse, json.dumps(good).encode(), bodies), dict), parse.__name__
+        # Long lists come back in slices (CHUNK_ITEMS), put together in order.
+        long_chat = {
+            "model": "m",
+            "messages": [{"role": "user", "content": f"m{i}"} for i in range(2 * CHUNK_ITEMS + 7)],
+        }
+        long_input = {"model": "m", "input": [f"text {i}" for i in range(CHUNK_ITEMS + 1)]}
+        for parse, doc in ((parse_chat_create, long_chat), (parse_embedding_create, long_input)):
+            raw = json.dumps(doc).encode()
+            assert outcome(parse, raw, bodies) == outcome(parse, raw, None), parse.__name__
+        assert bodies.started
+    finally:
+        bodies.close()
+    assert not bodies.started
+    bodies.close()  # again: nothing to do
+
+
+# Each API that reads a body: the path, its headers' kind, and bodies whose answers are errors.
+APIS = [
+    ("/lmsp/v1/responses", {"model": "nope", "input": "hi"}),
+    ("/lmsp/v1/tasks", {"model": TINY_ID, "input": 5}),
+    ("/v1/responses", {"model": "nope", "input": "hi"}),
+    ("/v1/chat/completions", {"model": TINY_ID, "messages": "hi"}),
+    ("/v1/completions", {"model": "nope", "prompt": "once"}),
+    ("/v1/embeddings", {"model": TINY_ID, "input": {}}),
+    ("/v1/messages", {"model": "nope", "max_tokens": 5, "messages": MESSAGES}),
+    ("/v1/messages/count_tokens", {"model": TINY_ID, "messages": 3}),
+    ("/api/chat", {"model": "nope", "messages": MESSAGES}),
+    ("/api/generate", {"model": TINY_ID, "prompt": "hi", "keep_alive": "soon"}),
+    ("/api/embed", {"model": TINY_ID, "input": 5}),
+    ("/api/embeddings", {"model": "nope", "prompt": "a"}),
+]
+
+
+def answers(daemon: LiveDaemon, raws: list[tuple[str, bytes]]) -> list[tuple[int, bytes]]:
+    headers = {**daemon.auth_headers, "x-api-key": daemon.owner_token, "Content-Type": "application/json"}
+    with httpx.Client(base_url=daemon.base, headers=headers, timeout=60) as c:
+        return [(r.status_code, r.content) for r in (c.post(path, content=raw) for path, raw in raws)]
+
+
+def test_every_api_answers_a_body_parsed_in_the_worker_byte_for_byte_as_in_process(
+    daemon: LiveDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    raws = [(path, raw) for path, doc in APIS for raw in (json.dumps(doc).encode(), b"{", b'{"model": 1e999}')]
+    # One over the size limit: refused while it is read, before any parse.
+    too_big = daemon.daemon.config.max_request_bytes + 1
+    raws.append(("/v1/chat/completions", b'{"model":"m","messages":"' + b"x" * too_big + b'"}'))
+    monkeypatch.setattr(routes, "PROCESS_BODY_BYTES", 2**62)  # all in process
+    here = answers(daemon, raws)
+    assert not daemon.daemon.bodies.started
+    monkeypatch.setattr(routes, "PROCESS_BODY_BYTES", 0)  # all in the worker
+    there = answers(daemon, raws)
+    assert daemon.daemon.bodies.started
+    assert {status for status, _ in here} >= {400, 404, 413}
+    for (path, _), a, b in zip(raws, here, there, strict=True):
+        assert a == b, path
+
+
+FLAG_WAIT_MS = 20_000
+
+
+class PollFD(ctypes.Structure):
+    _fields_ = [("fd", ctypes.c_int), ("events", ctypes.c_short), ("revents", ctypes.c_short)]
+
+
+def held_parse(body: dict[str, str]) -> str:
+    """Hold the interpreter lock, in one C call, until a byte arrives on the fifo `body["fifo"]` (or 20 s pass).
+
+    `ctypes.PyDLL` keeps the lock during the call, as a decoder or validator written in C does."""
+    fd = os.open(body["fifo"], os.O_RDONLY | os.O_NONBLOCK)
+    Path(body["started"]).touch()  # only once the fifo has its reader: the test's write cannot find none
+    try:
+        poll = ctypes.PyDLL(None).poll
+        poll(ctypes.byref(PollFD(fd, 1, 0)), 1, FLAG_WAIT_MS)  # POLLIN
+        return os.read(fd, 1).decode() or "timed out"
+    finally:
+        os.close(fd)
+
+
+def test_the_streams_tokens_flow_while_the_worker_parses(daemon: LiveDaemon, tmp_path: Path) -> None:
+    """A parse that holds its interpreter lock until the stream has delivered a few more tokens: in the worker
+    it ends when they have arrived; in the service's process it would hold the relay, and time out first."""
+    fifo, started = tmp_path / "fifo", tmp_path / "started"
+    os.mkfifo(fifo)
+    events: list[int] = []
+    during: list[int] = []
+    seen = threading.Condition()
+    done = threading.Event()
+
+    def stream() -> None:
+        ask = {"model": SLOW_ID, "input": "count", "stream": True, "temperature": 0, "max_output_tokens": 400}
+        with (
+            httpx.Client(timeout=120, headers=daemon.auth_headers) as c,
+            c.stream("POST", daemon.url + "/responses", json=ask) as r,
+        ):
+            for line in r.iter_lines():
+                if done.is_set():
+                    return  # leaving cancels the run
+                if line.startswith("event: response.output_text.delta"):
+                    with seen:
+                        events.append(1)
+                        seen.notify_all()
+
+    streaming = threading.Thread(target=stream)
+    streaming.start()
+    try:
+        with seen:
+            assert seen.wait_for(lambda: len(events) >= 2, 60), "the stream did not start"
+        parsed: list[str] = []
+        raw = json.dumps({"fifo": str(fifo), "started": str(started)}).encode()
+        parsing = threading.Thread(
+            target=lambda: parsed.append(asyncio.run(daemon.daemon.bodies.parse(held_parse, raw)))
+        )
+        parsing.start()
+        with seen:
+            assert seen.wait_for(started.exists, 60)
+            first = len(events)
+            seen.wait_for(lambda: len(events) >= first + 5 or not parsing.is_alive(), 60)
+            during.append(len(events) - first)
+        w = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # the worker reads it: the parse ends
+        try:
+            os.write(w, b"k")
+        finally:
+            os.close(w)
+        parsing.join(60)
+        assert parsed == ["k"], "the parse ended before the stream had delivered its tokens"
+        assert during[0] >= 5
+    finally:
+        done.set()
+        streaming.join(120)
+
+
+def test_a_parsed_body_sends_each_long_text_back_once() -> None:
+    """The decoded body and the items made from it hold the same texts: they travel (and stay) shared."""
+    texts = [f"{i} " + "the keeper lights the lamp " * 12 for i in range(2 * CHUNK_ITEMS + 3)]
+    doc = {"model": "m", "input": [{"role": "user", "content": text} for text in texts]}
+    raw = json.dumps(doc).encode()
+    sent = sliced_parse_body(parse_response_create, raw)
+    back = sent.load()
+    assert back == parse_body(parse_response_create, raw)
+    for i in (0, CHUNK_ITEMS + 1, len(texts) - 1):  # items and body are sliced apart: still one string each
+        assert back.items[i].text is back.raw["input"][i]["content"]
+    assert len(sent.strings) + len(sent.obj) < 1.5 * sum(map(len, texts))  # not twice
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="the idle scheduling class is Linux's")
+def test_the_worker_runs_in_the_idle_scheduling_class_at_the_lowest_priority() -> None:
+    bodies = BodyParser()
+    others = {child.pid for child in multiprocessing.active_children()}  # a daemon's own worker, say
+    try:
+        assert outcome(parse_response_create, json.dumps({"model": "m", "input": "hi"}).encode(), bodies)
+        (worker,) = [child for child in multiprocessing.active_children() if child.pid not in others]
+        assert os.sched_getscheduler(worker.pid) == os.SCHED_IDLE
+        assert os.getpriority(os.PRIO_PROCESS, worker.pid) == BACKGROUND_NICE
+    finally:
+        bodies.close()

@@ -1,0 +1,306 @@
+"""Speculative decoding is exact: what the engine emits with drafts equals what it emits without.
+
+Random generated models seldom repeat themselves, so prompt lookup would rarely propose anything
+here. These tests give the scheduler drafts that are right, partly right and wrong in turn (an
+oracle that knows the output made without speculation, and spoils some of its proposals), so every
+path — a draft kept whole, kept in part, refused at once — runs through real llama.cpp batches.
+Prompt lookup itself is tested as logic below, and on Gemma by `benchmarks/edit_workload.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lmsp_tray.discovery.entry import GGUFInfo, ModelEntry
+from lmsp_tray.engine.jobs import CANCELLED, LENGTH, Finish, GenerationJob, TokenLogprob
+from lmsp_tray.engine.sampling import SamplingParams
+from lmsp_tray.runner.model import LlamaModel, LoadOptions
+from lmsp_tray.runner.runtime import Runtime
+from lmsp_tray.runner.speculation import (
+    FIRST_PAUSE,
+    MAX_DRAFT,
+    MISSES_BEFORE_PAUSE,
+    Drafting,
+    PromptLookup,
+)
+
+PROMPTS = ["hello world", "the local model", "a test of the stream", "weather in the city"]
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def entry(tmp_path_factory: pytest.TempPathFactory) -> ModelEntry:
+    from gguf_factory import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path_factory.mktemp("spec") / "tiny.gguf")
+    info = GGUFInfo(architecture="llama", context_length=512, block_count=2)
+    return ModelEntry("tiny", Path(path), "custom", path.stat().st_size, (path,), info)
+
+
+@pytest.fixture(scope="module")
+def plain(entry: ModelEntry) -> Iterator[LlamaModel]:
+    loaded = LlamaModel(Runtime(), entry, LoadOptions(parallel=4, threads=1, speculative=False))
+    yield loaded
+    loaded.close()
+
+
+@pytest.fixture
+def spec(entry: ModelEntry) -> Iterator[LlamaModel]:
+    loaded = LlamaModel(Runtime(), entry, LoadOptions(parallel=4, threads=1, speculative=True))
+    yield loaded
+    loaded.close()
+
+
+class Recorder:
+    """A drafter that proposes nothing and writes down every token of the sequence."""
+
+    def __init__(self, tokens: list[int], into: dict[tuple[int, ...], list[int]]) -> None:
+        self.tokens = list(tokens)
+        into[tuple(tokens[:-1])] = self.tokens  # keyed by the prompt
+
+    def append(self, token: int) -> None:
+        self.tokens.append(token)
+
+    def draft(self, limit: int, long_limit: int = 0) -> list[int]:
+        return []
+
+
+class Oracle:
+    """Proposes what the sequence is known to become, spoiling every second and third draft: one at
+    its middle token (kept in part), one at its first (refused at once)."""
+
+    def __init__(self, tokens: list[int], known: dict[tuple[int, ...], list[int]], n_vocab: int) -> None:
+        self.tokens = list(tokens)
+        self.future = known[tuple(tokens[:-1])]
+        self.n_vocab = n_vocab
+        self.calls = 0
+
+    def append(self, token: int) -> None:
+        self.tokens.append(token)
+
+    def draft(self, limit: int, long_limit: int = 0) -> list[int]:
+        at = len(self.tokens)
+        draft = list(self.future[at : at + limit])
+        self.calls += 1
+        if draft and self.calls % 3:
+            spoil = len(draft) // 2 if self.calls % 3 == 1 else 0
+            draft[spoil] = (draft[spoil] + 1) % self.n_vocab
+        return draft
+
+
+def submit(model: LlamaModel, prompt: str, sampling: SamplingParams, max_tokens: int, **job: object) -> queue.Queue:
+    out: queue.Queue = queue.Queue()
+    model.submit(
+        GenerationJob(prompt=model.tokenize(prompt), sampling=sampling, max_tokens=max_tokens, sink=out.put, **job)
+    )
+    return out
+
+
+def collect(out: queue.Queue, on_text: threading.Event | None = None) -> tuple[str, Finish]:
+    text = []
+    while True:
+        item = out.get(timeout=60)
+        if isinstance(item, Finish):
+            return "".join(text), item
+        if isinstance(item, str):
+            text.append(item)
+            if on_text is not None:
+                on_text.set()
+
+
+def run(model: LlamaModel, prompt: str, sampling: SamplingParams = GREEDY, max_tokens: int = 60, **job: object):
+    return collect(submit(model, prompt, sampling, max_tokens, **job))
+
+
+def record(model: LlamaModel, prompts: list[str], sampling: SamplingParams, max_tokens: int, **job: object):
+    """Every prompt's tokens and output as the speculative model makes them without drafts."""
+    known: dict[tuple[int, ...], list[int]] = {}
+    model.scheduler.drafter = lambda tokens: Recorder(tokens, known)
+    outputs = {p: run(model, p, sampling, max_tokens, **job) for p in prompts}
+    model.scheduler.drafter = lambda tokens: Oracle(tokens, known, model.n_vocab)
+    return outputs
+
+
+def drafts_ran(model: LlamaModel) -> None:
+    scheduler = model.scheduler
+    assert scheduler is not None
+    assert scheduler.accepted > 0, "no draft token was ever kept"
+    assert scheduler.drafted > scheduler.accepted, "no draft token was ever refused"
+
+
+def test_greedy_output_is_identical_with_drafts_kept_and_refused(plain: LlamaModel, spec: LlamaModel) -> None:
+    expected = {p: run(plain, p) for p in PROMPTS}
+    assert record(spec, PROMPTS, GREEDY, 60) == expected
+    steps = spec.scheduler.steps
+    for p in PROMPTS:
+        text, finish = run(spec, p)
+        assert (text, finish.reason, finish.output_tokens) == (expected[p][0], LENGTH, 60)
+    drafts_ran(spec)
+    assert spec.scheduler.steps - steps < steps, "drafts kept should save decode steps"
+
+
+def test_verified_draft_tokens_carry_their_log_probabilities(plain: LlamaModel, spec: LlamaModel) -> None:
+    """A job asking for log probabilities gets one per token, the same as without drafts, for the tokens a
+    kept draft verified too (they went out without one before)."""
+
+    def steps(model: LlamaModel) -> list[tuple[bytes, float]]:
+        out = submit(model, PROMPTS[0], GREEDY, 40, logprobs=2)
+        items = []
+        while not isinstance(item := out.get(timeout=60), Finish):
+            items.append(item)
+        return [(i.piece, i.logprob) for i in items if isinstance(i, TokenLogprob)]
+
+    expected = steps(plain)
+    record(spec, PROMPTS[:1], GREEDY, 40, logprobs=2)
+    accepted = spec.scheduler.accepted
+    got = steps(spec)
+    assert len(got) == len(expected) == 40, (len(got), len(expected))
+    assert [piece for piece, _ in got] == [piece for piece, _ in expected]
+    # the same values up to the rounding of a batch of another size (a verified position is one of several)
+    assert [lp for _, lp in got] == pytest.approx([lp for _, lp in expected], abs=0.02)
+    assert spec.scheduler.accepted > accepted, "no draft was kept: the test did not test verified tokens"
+
+
+def test_greedy_output_is_identical_batched_with_three_others(plain: LlamaModel, spec: LlamaModel) -> None:
+    expected = {p: run(plain, p)[0] for p in PROMPTS}
+    record(spec, PROMPTS, GREEDY, 60)
+    barrier = threading.Barrier(len(PROMPTS))
+    results: dict[str, str] = {}
+
+    def together(p: str) -> None:
+        barrier.wait()
+        results[p] = run(spec, p)[0]
+
+    threads = [threading.Thread(target=together, args=(p,)) for p in PROMPTS]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == expected
+    drafts_ran(spec)
+    assert max(spec.stats(batches=True).batch_sizes) > len(PROMPTS), "drafts should have shared the others' steps"
+
+
+def test_seeded_sampling_is_unchanged_by_drafts(plain: LlamaModel, spec: LlamaModel) -> None:
+    sampling = SamplingParams(temperature=1.0, seed=1234)
+    expected = {p: run(plain, p, sampling)[0] for p in PROMPTS}
+    record(spec, PROMPTS, sampling, 60)
+    assert {p: run(spec, p, sampling)[0] for p in PROMPTS} == expected
+    drafts_ran(spec)
+
+
+def test_grammar_constrained_output_stays_valid_and_identical(plain: LlamaModel, spec: LlamaModel) -> None:
+    grammar = r"""root ::= "[" item ("," item)* "]"
+item ::= "{\"a\":" num "}"
+num ::= [1-9] [0-9]? | "0"
+"""
+    sampling = SamplingParams(temperature=0.0, grammar=grammar)
+    expected = {p: run(plain, p, sampling, 48) for p in PROMPTS}
+    record(spec, PROMPTS, sampling, 48)
+    for p in PROMPTS:
+        text, finish = run(spec, p, sampling, 48)
+        assert text == expected[p][0]
+        assert finish.reason != LENGTH, "the grammar's document should close within the limit"
+        items = json.loads(text)
+        assert all(set(item) == {"a"} and isinstance(item["a"], int) for item in items)
+    drafts_ran(spec)
+
+
+def test_cancelling_a_speculative_sequence_leaves_the_others_unchanged(plain: LlamaModel, spec: LlamaModel) -> None:
+    others = PROMPTS[1:]
+    expected = {p: run(plain, p, max_tokens=200)[0] for p in others}
+    record(spec, PROMPTS, GREEDY, 200)
+    doomed_out: queue.Queue = queue.Queue()
+    doomed = GenerationJob(prompt=spec.tokenize(PROMPTS[0]), sampling=GREEDY, max_tokens=200, sink=doomed_out.put)
+    spec.submit(doomed)
+    outs = {p: submit(spec, p, GREEDY, 200) for p in others}
+    first = threading.Event()
+    result: list[Finish] = []
+    waiter = threading.Thread(target=lambda: result.append(collect(doomed_out, first)[1]))
+    waiter.start()
+    assert first.wait(30)
+    doomed.cancel()
+    waiter.join(30)
+    assert {p: collect(out)[0] for p, out in outs.items()} == expected
+    assert result[0].reason == CANCELLED and result[0].output_tokens < 200
+    drafts_ran(spec)
+
+
+def test_prompt_lookup_proposes_what_followed_the_latest_earlier_occurrence() -> None:
+    lookup = PromptLookup([1, 2, 3, 4, 5, 9, 2, 3, 4, 7, 8, 1, 2, 3])
+    assert lookup.draft(3) == [4, 5, 9]  # (1, 2, 3) began the sequence
+    lookup.append(4)
+    assert lookup.draft(2) == [5, 9]  # the 4-gram (1, 2, 3, 4) wins over the later 3-gram (2, 3, 4)
+    lookup.append(6)
+    assert lookup.draft(4) == []  # (3, 4, 6) never seen before
+    assert PromptLookup([5]).draft(4) == []
+    assert PromptLookup([]).draft(4) == []
+    assert PromptLookup([1, 2, 3, 1, 2, 3]).draft(0) == []
+    assert PromptLookup([1, 2, 3, 1, 2, 3]).draft(5) == [1, 2, 3]
+    assert PromptLookup([5, 1, 2, 9, 1, 2]).draft(5) == []  # 2-grams recur by chance: not enough
+
+
+def test_prompt_lookup_prefers_the_longer_match() -> None:
+    # (7, 8, 2, 3) occurred once, followed by 50; (8, 2, 3) occurred later, followed by 60.
+    lookup = PromptLookup([7, 8, 2, 3, 50, 0, 8, 2, 3, 60, 7, 8, 2, 3])
+    assert lookup.draft(1) == [50]
+
+
+def test_a_copied_passage_drafts_long_at_once() -> None:
+    passage = list(range(100, 180))  # 80 tokens, then its first 12 again: a passage being copied
+    lookup = PromptLookup([*passage, 1, 2, *passage[:12]])
+    assert lookup.draft(2, 48) == passage[12:60]  # a 12-token match: up to the long limit
+    assert lookup.draft(2) == passage[12:14]  # without one: the adaptive limit
+    short = PromptLookup([*passage, 1, 2, *passage[8:12]])
+    assert short.draft(2, 48) == passage[12:14]  # a 4-token match stays short
+
+
+def test_a_24_token_match_picks_its_passage_and_drafts_longer() -> None:
+    """As llama.cpp's ngram-mod: 24 matched tokens choose among the places the last 12 occur, and draft
+    62 (with the next token, under the 64 queries where llama.cpp's CPU attention changes kernel)."""
+    passage = list(range(100, 200))  # 100 tokens; later its tokens 12..23 recur, followed by others
+    lookup = PromptLookup([*passage, 1, *passage[12:24], 7, 8, 9, 2, *passage[:24]])
+    assert lookup.draft(2, 100) == passage[24:86]  # not [7, 8, 9, ...] after the later 12-token occurrence
+    assert lookup.draft(2, 30) == passage[24:54]  # within the room given
+    twelve = PromptLookup([*passage, 1, *passage[12:24], 7, 8, 9, 2, 5, *passage[12:24]])
+    assert twelve.draft(2, 100) == [7, 8, 9, 2, 5, *passage[12:24]]  # 12 matched: the latest place, up to 48
+
+
+def test_a_long_match_drafts_while_short_drafts_are_paused() -> None:
+    passage = list(range(100, 180))
+    lookup = PromptLookup([*passage, 1, 2, *passage[:12]])
+    assert lookup.draft(0, 48) == passage[12:60]  # limit 0: short drafts paused, a copied passage is not
+    short = PromptLookup([*passage, 1, 2, *passage[8:12]])
+    assert short.draft(0, 48) == []
+    drafting = Drafting()
+    for _ in range(MISSES_BEFORE_PAUSE):
+        drafting.record(drafting.limit(), 0)
+    assert drafting.limit() == 0
+    drafting.record(48, 48)  # that long draft was taken whole: the pause ends
+    assert drafting.limit() > 0
+
+
+def test_drafting_grows_on_success_and_pauses_after_misses() -> None:
+    drafting = Drafting()
+    first = drafting.limit()
+    drafting.record(first, first)
+    assert drafting.limit() == 2 * first
+    for _ in range(5):
+        drafting.record(drafting.length, drafting.length)
+    assert drafting.limit() == MAX_DRAFT
+    drafting.record(MAX_DRAFT, 3)
+    assert drafting.limit() == 4
+    for _ in range(MISSES_BEFORE_PAUSE):
+        drafting.record(drafting.limit(), 0)
+    assert [drafting.limit() for _ in range(FIRST_PAUSE)] == [0] * FIRST_PAUSE
+    assert drafting.limit() > 0
+    for _ in range(MISSES_BEFORE_PAUSE):  # failing again pauses longer
+        drafting.record(drafting.limit(), 0)
+    assert [drafting.limit() for _ in range(2 * FIRST_PAUSE)] == [0] * (2 * FIRST_PAUSE)
+    assert drafting.limit() > 0

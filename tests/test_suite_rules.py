@@ -1,0 +1,59 @@
+"""The suite's own rules (pyproject.toml's [tool.pytest.ini_options]) hold, tried on throw-away test files.
+
+A warning fails its test (`filterwarnings = ["error"]`), and so does an exception in a thread that
+the test never sees (pytest reports it as PytestUnhandledThreadExceptionWarning, an error here);
+an unregistered marker is refused (`--strict-markers`); an xfail that passes fails (`xfail_strict`).
+Each file runs in a real pytest subprocess under this checkout's configuration.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support import ROOT
+
+BROKEN = {
+    "a thread that raises": (
+        "import threading\n\ndef test_it():\n    t = threading.Thread(target=lambda: 1 / 0)\n    t.start()\n    t.join()\n",
+        "ZeroDivisionError",
+    ),
+    "a warning": (
+        "import warnings\n\ndef test_it():\n    warnings.warn('old', DeprecationWarning)\n",
+        "DeprecationWarning",
+    ),
+    "an unregistered marker": (
+        "import pytest\n\n@pytest.mark.no_such_marker\ndef test_it():\n    pass\n",
+        "no_such_marker",
+    ),
+    "an xfail that passes": (
+        "import pytest\n\n@pytest.mark.xfail(reason='expected to fail')\ndef test_it():\n    pass\n",
+        "XPASS(strict)",
+    ),
+}
+
+
+def run_pytest(folder: Path, source: str) -> subprocess.CompletedProcess:
+    test = folder / "test_rule.py"
+    test.write_text(source)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "-p", "no:cacheprovider", "-q", str(test)],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_clean_test_passes_under_the_rules(tmp_path: Path) -> None:
+    out = run_pytest(tmp_path, "import threading\n\ndef test_it():\n    threading.Thread(target=print).start()\n")
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_the_rules_fail_the_test(tmp_path: Path, case: str) -> None:
+    source, says = BROKEN[case]
+    out = run_pytest(tmp_path, source)
+    assert out.returncode != 0 and says in out.stdout + out.stderr, out.stdout + out.stderr
