@@ -146,18 +146,25 @@ def held_parse(body: dict[str, str]) -> str:
         os.close(fd)
 
 
+def echo(body: dict[str, str]) -> dict[str, str]:
+    return body
+
+
 def test_the_streams_tokens_flow_while_the_worker_parses(daemon: LiveDaemon, tmp_path: Path) -> None:
     """A parse that holds its interpreter lock until the stream has delivered a few more tokens: in the worker
     it ends when they have arrived; in the service's process it would hold the relay, and time out first."""
     fifo, started = tmp_path / "fifo", tmp_path / "started"
     os.mkfifo(fifo)
+    # The worker starts, and imports this module, before the stream: in the idle scheduling class, beside a
+    # model that keeps both cores busy, that start could outlast the stream.
+    assert asyncio.run(daemon.daemon.bodies.parse(echo, b'{"a": "b"}')) == {"a": "b"}
     events: list[int] = []
     during: list[int] = []
     seen = threading.Condition()
     done = threading.Event()
 
     def stream() -> None:
-        ask = {"model": SLOW_ID, "input": "count", "stream": True, "temperature": 0, "max_output_tokens": 400}
+        ask = {"model": SLOW_ID, "input": "count", "stream": True, "temperature": 0, "max_output_tokens": 2000}
         with (
             httpx.Client(timeout=120, headers=daemon.auth_headers) as c,
             c.stream("POST", daemon.url + "/responses", json=ask) as r,
@@ -186,6 +193,7 @@ def test_the_streams_tokens_flow_while_the_worker_parses(daemon: LiveDaemon, tmp
             first = len(events)
             seen.wait_for(lambda: len(events) >= first + 5 or not parsing.is_alive(), 60)
             during.append(len(events) - first)
+        assert parsing.is_alive(), f"the parse ended first ({parsed}), after {during[0]} more tokens"
         w = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # the worker reads it: the parse ends
         try:
             os.write(w, b"k")
