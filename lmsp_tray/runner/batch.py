@@ -4,11 +4,13 @@ Why a module: the generation scheduler (`scheduler`) and the embedding model's t
 (`embedder`) feed llama.cpp the same way: one batch allocated for the model's life
 (`capacity` tokens, each in one sequence), filled position by position before every
 decode, freed when the model closes. The ctypes field writes live here once (llama-cpp-python's
-stubs type the pointer fields as arrays of arrays, so the batch is `Any` to the type checker).
+stubs type the pointer fields as arrays of arrays, so the batch is `Any` to the type checker), and so
+does what llama.cpp makes of a batch's order (`micro_batches`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import llama_cpp
@@ -44,6 +46,18 @@ class Batch:
         if self.raw is not None:
             llama_cpp.llama_batch_free(self.raw)
             self.raw = None
+
+
+def micro_batches(seq_ids: Iterable[int]) -> int:
+    """How many passes over the weights llama.cpp makes for one token of each of these sequences.
+
+    With a KV stream per sequence (the scheduler's contexts are not unified), llama.cpp splits a batch
+    into micro-batches of sequences whose ids follow one another in the batch (`split_equal`,
+    sequential): sequences 0, 1, 2 decode in one pass, 0, 1, 3 in two. A pass reads all the weights,
+    so on a model whose decode is bound by memory a gap costs every step about a step: the scheduler
+    writes its batches in sequence order and admits a request where it leaves fewest gaps."""
+    ids = sorted(set(seq_ids))
+    return sum(1 for i, seq in enumerate(ids) if i == 0 or seq != ids[i - 1] + 1)
 
 
 def warm_up(ctx: Any, memory: Any, token: int) -> bool:

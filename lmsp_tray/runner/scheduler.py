@@ -55,7 +55,7 @@ from lmsp_tray.engine.jobs import (
 from lmsp_tray.engine.sampling import SamplingParams
 from lmsp_tray.errors import ContextLengthExceeded, InternalError, InvalidRequest, LMSPError, ServiceUnavailable
 from lmsp_tray.runner import kv_states
-from lmsp_tray.runner.batch import Batch, warm_up
+from lmsp_tray.runner.batch import Batch, micro_batches, warm_up
 from lmsp_tray.runner.draft_model import MAX_MODEL_DRAFT, DraftModel, DraftWant
 from lmsp_tray.runner.handles import DecodeHandles
 from lmsp_tray.runner.prompt_cache import PromptCache, common_prefix
@@ -68,6 +68,10 @@ from lmsp_tray.runner.vision import Vision, image_start, is_image, text_run
 log = logging.getLogger("lmsp_tray.runner")
 
 IDLE_SAVE_S = 30.0  # a model idle this long writes its sequences' states to the prompt cache
+# A newcomer gives up this many tokens of cached prefix for a slot that leaves the running sequences' ids
+# without a gap: a gap costs every decode step of a model bound by memory another pass (1.9x the step,
+# measured), a few dozen tokens of prompt cost a pass or two once.
+PREFIX_SLACK = 64
 
 
 @dataclass(eq=False)
@@ -211,6 +215,10 @@ class Scheduler:
         with self._cond:
             return sum(1 for s in self._slots if s.job is not None)
 
+    def running(self) -> list[int]:
+        """The sequence ids that hold a request now, in order (a snapshot, read from any thread)."""
+        return [slot.seq_id for slot in self._slots if slot.job is not None]
+
     def stop(self, *, drain: bool = False, timeout: float | None = None) -> None:
         """Stop the thread. With `drain`, running and queued requests finish first."""
         with self._cond:
@@ -290,7 +298,7 @@ class Scheduler:
                 log.exception("the step hook of %s failed", self._model.id)
 
     def _admit(self) -> list[_Slot]:
-        """Move waiting jobs into free slots (FIFO), choosing slots by longest cached prefix."""
+        """Move waiting jobs into free slots (FIFO), choosing slots by longest cached prefix, then fewest gaps."""
         admitted: list[_Slot] = []
         while self._queue:
             free = [s for s in self._slots if s.job is None]
@@ -303,13 +311,26 @@ class Scheduler:
                     prepared.close()
                 _emit(job, Finish(CANCELLED, len(job.prompt), 0))
                 continue
-            best = max(free, key=lambda s: (common_prefix(s.cache, job.prompt), -s.last_used))
+            best = self._slot_for(job.prompt, free)
             best.job = job
             best.prepared = prepared
             self._admissions += 1
             best.admitted = self._admissions
             admitted.append(best)
         return admitted
+
+    def _slot_for(self, prompt: Sequence[int], free: list[_Slot]) -> _Slot:
+        """The free slot for a prompt: one that holds about the longest of its prefix (within
+        `PREFIX_SLACK` tokens), of those one that keeps the running sequences' ids together (a gap costs
+        each step another pass over the weights: `batch.micro_batches`), then the longest prefix, then
+        the least recently used."""
+        running = [s.seq_id for s in self._slots if s.job is not None]
+        prefixes = {s.seq_id: common_prefix(s.cache, prompt) for s in free}
+        longest = max(prefixes.values())
+        return max(
+            (s for s in free if prefixes[s.seq_id] >= longest - PREFIX_SLACK),
+            key=lambda s: (-micro_batches([*running, s.seq_id]), prefixes[s.seq_id], -s.last_used),
+        )
 
     def _prepare(self, slot: _Slot) -> None:
         job = slot.job
@@ -447,31 +468,30 @@ class Scheduler:
             for slot in decoding:
                 slot.guessed = slot.seq_id in guesses
         for slot in decoding:
-            draft = drafts[slot.seq_id]
-            pos = len(slot.cache)
-            slot.fed, slot.out, slot.draft = (slot.last_token, *draft), n, draft
-            for j, token in enumerate(slot.fed):
-                batch.put(n, token, pos + j, slot.seq_id, True)
-                n += 1
-        stepping = n  # the generating sequences' tokens: a step of these alone is what a kept guess saves
-        budget = (self._batch_size if n == 0 else self._busy_chunk) - n
+            slot.draft = drafts[slot.seq_id]
+            slot.fed = (slot.last_token, *slot.draft)
+        stepping = sum(len(slot.fed) for slot in decoding)  # a step of these alone is what a kept guess saves
+        budget = (self._batch_size if stepping == 0 else self._busy_chunk) - stepping
         for slot in sorted((s for s in active if s.pending), key=lambda s: s.admitted):
             if budget <= 0:
                 break
             ahead = len(slot.pending) - slot.tail  # before the checkpoint: the tail goes in after it
             to_stable = slot.stable - len(slot.cache)  # likewise the stable prefix's checkpoint
             text = text_run(slot.pending)  # up to the next image (evaluated at the start of a step)
-            chunk = slot.pending[: min([budget, text, *(n for n in (ahead, to_stable) if n > 0)])]
-            if not chunk:
-                continue
+            slot.fed = slot.pending[: min([budget, text, *(n for n in (ahead, to_stable) if n > 0)])]
+            budget -= len(slot.fed)
+        for slot in active:  # in sequence order, as llama.cpp's micro-batches want them (`batch.micro_batches`)
             pos = len(slot.cache)
-            last = len(chunk) == len(slot.pending)
-            for j, token in enumerate(chunk):
-                batch.put(n, token, pos + j, slot.seq_id, last and j == len(chunk) - 1)
-                n += 1
-            slot.fed = chunk
-            slot.out = n - 1 if last else -1
-            budget -= len(chunk)
+            if not slot.pending:  # generating: each position's output verifies the draft
+                slot.out = n
+                for j, token in enumerate(slot.fed):
+                    batch.put(n + j, token, pos + j, slot.seq_id, True)
+            elif slot.fed:  # a prompt chunk: the output of the prompt's last token only
+                last = len(slot.fed) == len(slot.pending)
+                slot.out = n + len(slot.fed) - 1 if last else -1
+                for j, token in enumerate(slot.fed):
+                    batch.put(n + j, token, pos + j, slot.seq_id, last and j == len(slot.fed) - 1)
+            n += len(slot.fed)
         started = time.perf_counter()
         result = batch.decode(self._model.ctx, n)
         if n == stepping == len(decoding):  # one token per sequence, no prompt, no drafts: a plain step

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import threading
+from pathlib import Path
 
 import httpx
-from support import SLOW_ID, SSE, TINY_ID, LiveDaemon, body, events, iter_sse, stream_deltas
+from generation import GREEDY, entry_for
+from support import SLOW_ID, SSE, TINY_ID, LiveDaemon, body, events, iter_sse, stream_deltas, wait_until
+
+from lmsp_tray.engine.jobs import GenerationJob
+from lmsp_tray.engine.load_plan import LoadOptions
+from lmsp_tray.runner.batch import micro_batches
+from lmsp_tray.runner.model import LlamaModel
+from lmsp_tray.runner.runtime import Runtime
 
 PROMPTS = ["hello world", "the local model", "a test of the stream", "weather in the city"]
 
@@ -157,3 +165,39 @@ def test_newcomer_prompt_is_chunked_so_running_streams_keep_flowing(daemon_facto
     assert max(mixed) <= 256 + 1  # a chunk plus the running stream's token
     assert sum(n - 1 for n in mixed) >= prompt_tokens - 1  # the whole prompt went through in those chunks
     assert len(mixed) >= prompt_tokens // 256
+
+
+def test_micro_batches_are_the_runs_of_consecutive_sequence_ids() -> None:
+    assert micro_batches([]) == 0
+    assert [micro_batches(ids) for ids in ([0], [0, 1, 2, 3], [2, 0, 1], [0, 2], [0, 1, 3], [1, 3, 5, 6])] == [
+        1,
+        1,
+        1,
+        2,
+        2,
+        3,
+    ]
+
+
+def test_a_newcomer_takes_the_free_slot_that_keeps_the_running_sequences_together(slow_gguf: Path) -> None:
+    """llama.cpp decodes sequences 0, 1, 2 in one pass and 0, 2, 3 in two (a KV stream per sequence): a
+    request that finds slots 1 and 3 free, neither holding any of its prompt, takes 1, though 3 was used
+    less recently (never)."""
+    model = LlamaModel(Runtime(), entry_for(slow_gguf), LoadOptions(threads=1, parallel=4, speculative=False))
+    prompts = [list(range(first, first + 24)) for first in (10, 50, 90, 130)]  # no token in common
+    jobs = [GenerationJob(prompt, GREEDY, 3000, lambda item: None) for prompt in prompts]
+    try:
+        scheduler = model.scheduler
+        assert scheduler is not None
+        for job in jobs[:3]:
+            model.submit(job)
+        wait_until(lambda: scheduler.running() == [0, 1, 2], timeout=60)
+        jobs[1].cancel()
+        wait_until(lambda: scheduler.running() == [0, 2], timeout=60)
+        model.submit(jobs[3])
+        wait_until(lambda: len(scheduler.running()) == 3, timeout=60)
+        assert scheduler.running() == [0, 1, 2]
+    finally:
+        for job in jobs:
+            job.cancel()
+        model.close()
