@@ -23,7 +23,7 @@ slices pickled apart share no memo, so each text travelled and was unpickled twi
 7.9 MiB body. Sent once, in a table of strings, it is 8.3 MB, and the service's copy holds each text
 once, as the worker's did.
 
-Why at the lowest priority (`BACKGROUND_NICE`): the worker parses at full speed on a core the decode
+Why at the lowest priority (`priority.step_aside`): the worker parses at full speed on a core the decode
 wants; with a stream decoding on both cores of a small machine, 8 MiB bodies arriving every 0.5 s took
 the stream's longest gap from 0.54 s to 6.1 s at normal priority. The decode's tokens come first; a
 body waits for the cycles the decode leaves. On Linux the worker is also in the idle scheduling class
@@ -41,10 +41,8 @@ memory) is replaced at the next body, and the body that found it dead is parsed 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import multiprocessing
-import os
 import pickle
 import threading
 from collections.abc import Callable
@@ -53,13 +51,18 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from lmsp_tray.priority import BACKGROUND_INPUT_BYTES, step_aside
 from lmsp_tray.protocol import strict_json
 
-PROCESS_BODY_BYTES = 256 * 1024  # a body this large or larger is parsed in the worker process
+PROCESS_BODY_BYTES = BACKGROUND_INPUT_BYTES  # a body this large or larger is parsed in the worker process
 WORKERS = 1
-BACKGROUND_NICE = 19  # the worker's niceness: the lowest priority (where the system has `os.nice`)
 
 T = TypeVar("T")
+
+
+def _background() -> None:
+    """The worker's start: the lowest priority, so the decode's threads come first."""
+    step_aside(whole_process=True)
 
 
 def parse_body(parse: Callable[[Any], T], raw: bytes) -> T:
@@ -68,19 +71,6 @@ def parse_body(parse: Callable[[Any], T], raw: bytes) -> T:
     `parse` must be a module-level function (it travels to the worker by name); what it returns and the
     typed errors it raises travel back pickled."""
     return parse(strict_json.loads(raw))
-
-
-def _background() -> None:
-    """The worker's start: the lowest priority, so the decode's threads come first (nice 19, and on Linux
-    the idle scheduling class as well)."""
-    nice = getattr(os, "nice", None)
-    if nice is not None:
-        with contextlib.suppress(OSError):
-            nice(BACKGROUND_NICE)
-    idle = getattr(os, "SCHED_IDLE", None)
-    if idle is not None:
-        with contextlib.suppress(OSError):
-            os.sched_setscheduler(0, idle, os.sched_param(0))
 
 
 CHUNK_ITEMS = 1000  # a list longer than this comes back as pickled slices of this many items

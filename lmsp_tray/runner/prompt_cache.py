@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from lmsp_tray.engine.cache_folders import SUFFIX, folder_bytes, model_folder
+from lmsp_tray.priority import lower_thread
 
 log = logging.getLogger("lmsp_tray.runner.prompt_cache")
 
@@ -154,13 +155,6 @@ def _slices(parts: Sequence[State]) -> Iterator[memoryview]:
         view = memoryview(part).cast("B")
         for start in range(0, len(view), SLICE):
             yield view[start : start + SLICE]
-
-
-def _lower_priority() -> None:
-    """Make the calling thread yield the CPU to the decoding threads (Linux: a thread's own nice)."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
 
 
 @dataclass(frozen=True)
@@ -330,7 +324,7 @@ class PromptCache:
             self._writer = None
 
     def _write_loop(self) -> None:
-        _lower_priority()
+        lower_thread(WRITER_NICE)
         while True:
             item = self._queue.get()
             if item is None:

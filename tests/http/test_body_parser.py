@@ -18,7 +18,8 @@ from support import SLOW_ID, TINY_ID, LiveDaemon
 
 from lmsp_tray.errors import LMSPError
 from lmsp_tray.http import routes
-from lmsp_tray.http.body_parser import BACKGROUND_NICE, CHUNK_ITEMS, BodyParser, parse_body, sliced_parse_body
+from lmsp_tray.http.body_parser import CHUNK_ITEMS, BodyParser, parse_body, sliced_parse_body
+from lmsp_tray.priority import BACKGROUND_NICE
 from lmsp_tray.protocol.anthropic import parse_count_tokens, parse_message_create
 from lmsp_tray.protocol.embeddings import parse_embedding_create
 from lmsp_tray.protocol.ollama_requests import parse_chat, parse_embed, parse_generate, parse_legacy_embed

@@ -1,0 +1,47 @@
+"""Work that steps aside for the decode: the lowest CPU priority for a thread, and what earns it.
+
+Why a module: on a small machine a stream's decode keeps every core busy, and whatever else runs at its
+priority takes cycles from it, so a stream's tokens stall. The service's parse of a big request body (a
+worker process, `http.body_parser`) and the model process's writes of its prompt cache
+(`runner.prompt_cache`) can wait instead; they step aside the same way, here.
+
+Why not the model process's tokenizing of a big text (what `serving.service.token_floor` sends of a
+prompt far over the window) as well: tried, on a thread in the idle scheduling class, and the streams'
+longest gaps with 8 MiB bodies arriving grew (0.61-0.70 s to 0.78-1.50 s, three rounds of
+`benchmarks/loop_stall.py` each, quiet 2-core machine): the tokenizing holds the interpreter lock between
+its calls into llama.cpp, and a thread of the lowest priority that is preempted holding it stops the
+decode's own thread. A thread of its own priority is for work that releases the lock (a process's only
+thread, or file writes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+
+BACKGROUND_INPUT_BYTES = 256 * 1024  # a request body this long or longer is parsed as background work
+BACKGROUND_NICE = 19  # the lowest priority
+
+
+def lower_thread(nice: int) -> None:
+    """The calling thread's niceness (Linux, where each thread has its own; elsewhere nothing)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+
+
+def step_aside(*, whole_process: bool = False) -> None:
+    """The calling thread at the lowest priority: nice 19 and, on Linux, the idle scheduling class, where a
+    decode thread that wakes takes its core at once and a core running only this counts as free (at nice 19
+    alone it would still share a core by weight). Where threads have no priority of their own (macOS,
+    Windows) only a process that does nothing else steps aside (`whole_process`: the body worker); a
+    thread of the model process there keeps the decode's priority."""
+    if sys.platform.startswith("linux"):
+        lower_thread(BACKGROUND_NICE)
+        with contextlib.suppress(OSError, AttributeError):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    elif whole_process and hasattr(os, "nice"):
+        with contextlib.suppress(OSError):
+            os.nice(BACKGROUND_NICE)
