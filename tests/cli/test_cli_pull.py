@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from hub_server import FakeHub
 from hub_support import GATED, GRANTED, TINY, fake_hub, hub  # noqa: F401
+from support import wait_until
 
 from lmsp_tray.hub.pull import Puller
 from lmsp_tray.hub.remote import HubClient
@@ -87,9 +88,11 @@ def test_ctrl_c_keeps_a_resumable_part_and_the_same_command_resumes(env: dict[st
         stderr=subprocess.PIPE,
         text=True,
     )
+    partial = cache_of(env) / "models--test-org--Tiny-GGUF" / "blobs" / f"{hub.repos[TINY].sha256(path)}.incomplete"
     try:
         assert pause.reached.wait(60)
-        time.sleep(0.3)  # let the bytes before the pause reach the file
+        # the bytes before the pause reach the file (a busy machine takes its time)
+        wait_until(lambda: partial.exists() and partial.stat().st_size == 400_000, 60, "the bytes before the pause")
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
@@ -98,7 +101,6 @@ def test_ctrl_c_keeps_a_resumable_part_and_the_same_command_resumes(env: dict[st
     assert proc.returncode == 130, stderr
     assert "Stopped. 400.0 KB of 859.6 KB is kept" in stderr and "run the same command to resume" in stderr
     assert "Traceback" not in stderr and stdout == ""
-    partial = cache_of(env) / "models--test-org--Tiny-GGUF" / "blobs" / f"{hub.repos[TINY].sha256(path)}.incomplete"
     assert partial.stat().st_size == 400_000
     assert hub.wait_idle()
     pause.release.set()
@@ -168,7 +170,7 @@ def test_pull_while_the_service_runs_is_the_services_download(
     """With the service up, `lmsp-tray pull` starts the download there (a task the tray and console show)
     and follows it; the model is then served without a rescan, and Ctrl+C cancels the service's task."""
     import httpx
-    from support import free_port, wait_until
+    from support import free_port
 
     port = free_port()
     (tmp_path / "models").mkdir()

@@ -92,9 +92,11 @@ def test_a_killed_service_resumes_the_download_at_the_next_start(tmp_path: Path,
             task_id = r.json()["id"]
             assert pause.reached.wait(60)
             wait_task(c, task_id, {"in_progress"})
+        # The CDN has sent its bytes; on a busy machine the service may not have written them yet.
+        partial = service.cache / "models--test-org--Tiny-GGUF" / "blobs" / f"{hub.repos[TINY].sha256(path)}.incomplete"
+        wait_until(lambda: partial.exists() and partial.stat().st_size == 500_000, 60, "the bytes before the pause")
         service.kill()
         assert hub.wait_idle()
-        partial = service.cache / "models--test-org--Tiny-GGUF" / "blobs" / f"{hub.repos[TINY].sha256(path)}.incomplete"
         kept = partial.stat().st_size
         assert 0 < kept <= 500_000
         pause.release.set()
