@@ -36,6 +36,7 @@ import llama_cpp
 import numpy as np
 
 from lmsp_tray.runner.batch import Batch, warm_up
+from lmsp_tray.runner.handles import free_handles
 from lmsp_tray.runner.prompt_cache import common_prefix
 
 log = logging.getLogger("lmsp_tray.runner")
@@ -275,9 +276,5 @@ class DraftModel:
         if self._batch is not None:
             self._batch.free()
             self._batch = None
-        if self._ctx:
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
-        if self._model:
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
+        free_handles(self._ctx, self._model)
+        self._ctx = self._model = None

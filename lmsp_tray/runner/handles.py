@@ -3,7 +3,8 @@
 Why protocols: the scheduler (`scheduler.Scheduler`) and the embedder (`embedder.Embedder`) are
 built by the model (`model.LlamaModel`) and drive its context; typed against the whole model
 class they imported it back, an import circle, and could reach any of its members. They see these
-few instead, and `LlamaModel` provides them (tests may hand in something smaller).
+few instead, and `LlamaModel` provides them (tests may hand in something smaller). Freeing a
+context and its model (`free_handles`) lives here too: the main and the draft model both do it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,15 @@ from __future__ import annotations
 from typing import Protocol
 
 import llama_cpp
+
+
+def free_handles(ctx: llama_cpp.llama_context_p | None, model: llama_cpp.llama_model_p | None) -> None:
+    """Free a llama.cpp context, then the model it was made from (either may be unset): the main model's
+    close and failed load attempt, and the draft model's close, in the one order llama.cpp needs."""
+    if ctx:
+        llama_cpp.llama_free(ctx)
+    if model:
+        llama_cpp.llama_model_free(model)
 
 
 class ContextHandles(Protocol):

@@ -44,6 +44,7 @@ from lmsp_tray.runner import backends, kv_states
 from lmsp_tray.runner.draft_model import DraftModel, DraftRefused
 from lmsp_tray.runner.embedder import Embedder
 from lmsp_tray.runner.grammars import GrammarBuilder
+from lmsp_tray.runner.handles import free_handles
 from lmsp_tray.runner.prompt_cache import PromptCache
 from lmsp_tray.runner.prompt_tokens import PromptTokenizer, SpecialToken, turn_markers
 from lmsp_tray.runner.runtime import Runtime
@@ -191,12 +192,8 @@ class LlamaModel:
         if self.draft_model is not None:
             self.draft_model.close()
             self.draft_model = None
-        if self._ctx:
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
-        if self._model:
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
+        free_handles(self._ctx, self._model)
+        self._ctx = self._model = None
 
     def _load(self, runtime: Runtime, entry: ModelEntry, options: LoadOptions, plan: LoadPlan) -> None:
         mark = runtime.mark()
@@ -855,9 +852,5 @@ class LlamaModel:
         if self.vision is not None:
             self.vision.close()
             self.vision = None
-        if self._ctx:
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
-        if self._model:
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
+        free_handles(self._ctx, self._model)
+        self._ctx = self._model = None
