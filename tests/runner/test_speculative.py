@@ -242,7 +242,7 @@ def test_prompt_lookup_proposes_what_followed_the_latest_earlier_occurrence() ->
     assert PromptLookup([5]).draft(4) == []
     assert PromptLookup([]).draft(4) == []
     assert PromptLookup([1, 2, 3, 1, 2, 3]).draft(0) == []
-    assert PromptLookup([1, 2, 3, 1, 2, 3]).draft(5) == [1, 2, 3]
+    assert PromptLookup([1, 2, 3, 1, 2, 3]).draft(5) == [1, 2, 3, 1, 2]  # a loop: drafted around it
     assert PromptLookup([5, 1, 2, 9, 1, 2]).draft(5) == []  # 2-grams recur by chance: not enough
 
 
@@ -250,6 +250,16 @@ def test_prompt_lookup_prefers_the_longer_match() -> None:
     # (7, 8, 2, 3) occurred once, followed by 50; (8, 2, 3) occurred later, followed by 60.
     lookup = PromptLookup([7, 8, 2, 3, 50, 0, 8, 2, 3, 60, 7, 8, 2, 3])
     assert lookup.draft(1) == [50]
+
+
+def test_a_sequence_repeating_itself_drafts_around_its_loop() -> None:
+    """What followed the ending's latest occurrence runs into the present: the draft goes on with itself."""
+    lookup = PromptLookup([9, 8, 4, 5, 6, 4, 5, 6, 4, 5])
+    assert lookup.draft(8) == [6, 4, 5, 6, 4, 5, 6, 4]  # (6, 4, 5) two tokens back: a loop of three
+    lookup.append(6)
+    assert lookup.draft(3) == [4, 5, 6]
+    assert PromptLookup([1, 2, 3, 1, 2, 3, 7]).draft(4) == []  # the loop was left: nothing to go around
+    assert PromptLookup([3, 3, 3, 3]).draft(5) == [3, 3, 3, 3, 3]
 
 
 def test_a_copied_passage_drafts_long_at_once() -> None:
@@ -269,7 +279,8 @@ def test_a_24_token_match_picks_its_passage_and_drafts_longer() -> None:
     assert lookup.draft(2, 100) == passage[24:86]  # not [7, 8, 9, ...] after the later 12-token occurrence
     assert lookup.draft(2, 30) == passage[24:54]  # within the room given
     twelve = PromptLookup([*passage, 1, *passage[12:24], 7, 8, 9, 2, 5, *passage[12:24]])
-    assert twelve.draft(2, 100) == [7, 8, 9, 2, 5, *passage[12:24]]  # 12 matched: the latest place, up to 48
+    loop = [7, 8, 9, 2, 5, *passage[12:24]]  # 12 matched: the latest place, up to 48, around the loop it closes
+    assert twelve.draft(2, 100) == (loop * 3)[:48]
 
 
 def test_a_long_match_drafts_while_short_drafts_are_paused() -> None:
