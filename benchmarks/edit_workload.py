@@ -6,7 +6,7 @@ and llama-server with each of its n-gram `--spec-type` settings (`ngram-simple`,
 `ngram-cache`; `--no-repack` where the CPU has AMX, as the service keeps its weights unrepacked);
 and how often each output is identical to the same peer's non-speculative output (the identity rate).
 
-  .venv/bin/python benchmarks/edit_workload.py [--rounds 3] [--quick] [--peers lmsp-tray,ngram-simple,ngram-mod]
+  .venv/bin/python benchmarks/edit_workload.py [--rounds 3] [--variants 3] [--quick] [--peers lmsp-tray,ngram-simple,ngram-mod]
 
 Prints the CPU's model and vector extensions first: n-gram speculation pays differently on AVX2 and
 AVX-512 machines. Peers run in turn, one at a time (the machine has few cores), each round visiting
@@ -20,6 +20,16 @@ copies itself again drafts as well as one that copies the source) and the machin
 `--peers` runs only the peers named (`lmsp-tray`, `spec-off`, `default`, or an n-gram `--spec-type`;
 the ratios to a peer not run are left out). llama-server's n-gram tables outlive a request
 (`ngram-mod`), as lmsp-tray's recent sequences do, so rounds after the first draft from the first.
+
+Why `--variants` (the same documents with their names changed: the street, the orders): which
+greedy text a run produces is decided by near-ties in the first tokens, and those fall by the
+rounding of one batch shape or another. The same service gave two different code edits for the same
+prompt, one from a fresh prompt (112 words copied, 57 decodes, 4.3-5.0 s) and one when the prompt
+was already in its cache and only its last token was decoded (114 words copied, llama-server's own
+text, 36 decodes, 3.6-4.3 s). A ratio between two servers on one document measures whose text was
+the easier one; over several documents it measures speed. Each run's line names its text (`text
+1a2b3c4d`, a hash); the ratios are given over all runs, and over the runs where lmsp-tray decoded
+the very text the best n-gram peer did.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import hashlib
 import json
 import os
 import statistics
@@ -97,21 +108,39 @@ CODE = '''def summarize_orders(orders, tax_rate=0.2, currency="EUR"):
     }
 '''
 
-MESSAGES = {
-    "text": "Copy the following notice exactly, word for word, but change the opening time on Saturdays "
-    "from ten to eleven. Reply with the notice only.\n\n" + TEXT,
-    "code": "Rename the variable `amount` to `order_total` everywhere in this Python function and change "
-    "nothing else. Reply with the code only.\n\n" + CODE,
-}
+# The names each variant gives the documents (variant 0 is the documents as they are).
+STREETS = ("Harbour", "Mill", "Castle", "Station", "Orchard", "Bridge")
+THINGS = (("orders", "order"), ("invoices", "invoice"), ("baskets", "basket"), ("tickets", "ticket"))
+THINGS += (("parcels", "parcel"), ("bookings", "booking"))
+
+
+def sources(variant: int) -> dict[str, str]:
+    """The two documents of one variant: the notice of another library, the function over other things."""
+    street = STREETS[variant % len(STREETS)]
+    plural, singular = THINGS[variant % len(THINGS)]
+    code = CODE.replace("orders", plural).replace("order", singular)
+    return {"text": TEXT.replace("Harbour", street), "code": code}
+
+
+def messages(variant: int) -> dict[str, str]:
+    docs = sources(variant)
+    singular = THINGS[variant % len(THINGS)][1]
+    return {
+        "text": "Copy the following notice exactly, word for word, but change the opening time on Saturdays "
+        "from ten to eleven. Reply with the notice only.\n\n" + docs["text"],
+        "code": f"Rename the variable `amount` to `{singular}_total` everywhere in this Python function and "
+        "change nothing else. Reply with the code only.\n\n" + docs["code"],
+    }
 
 
 def render(message: str) -> str:
     return f"<start_of_turn>user\n{message}<end_of_turn>\n<start_of_turn>model\n"
 
 
+MESSAGES = messages(0)
 PROMPTS = {name: render(message) for name, message in MESSAGES.items()}
 NGRAM_TYPES = ("ngram-simple", "ngram-mod", "ngram-cache")
-SOURCES = {"text": TEXT, "code": CODE}
+SOURCES = sources(0)
 COPY_RUN_WORDS = 4  # a run of this many words in the source's order counts as copied
 
 
@@ -134,6 +163,11 @@ def repeated_words(text: str, source: str) -> int:
             marked[i : i + n] = [True] * n
         seen.add(run)
     return sum(marked)
+
+
+def text_id(text: str) -> str:
+    """A short name for an output's exact text: runs that share it decoded the same tokens."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
 
 
 def lmsp_run(c: httpx.Client, url, message: str, tokens: int) -> tuple[float, str, int]:
@@ -174,7 +208,7 @@ def peers(model: Path, threads: int, binary: Path, quick: bool, only: list[str])
             url, _ = stack.enter_context(
                 lmsp_service(model, threads=threads, config=config + "parallel = 1\nkeep_alive = '1h'\n")
             )
-            found[name] = lambda c, key, n, url=url: lmsp_run(c, url, MESSAGES[key], n)
+            found[name] = lambda c, message, n, url=url: lmsp_run(c, url, message, n)
         cpu = tuple(llama_server_cpu_args())
         specs: dict[str, tuple[str, ...]] = {"llama-server -np 1": cpu} if wanted("default") else {}
         for kind in NGRAM_TYPES[:2] if quick else NGRAM_TYPES:
@@ -182,7 +216,7 @@ def peers(model: Path, threads: int, binary: Path, quick: bool, only: list[str])
                 specs[f"llama-server --spec-type {kind}"] = ("--spec-type", kind, *cpu)
         for name, extra in specs.items():
             url = stack.enter_context(llama_server(binary, model, parallel=1, threads=threads, extra=extra))
-            found[name] = lambda c, key, n, url=url: server_run(c, url, PROMPTS[key], n)
+            found[name] = lambda c, message, n, url=url: server_run(c, url, render(message), n)
         yield found
 
 
@@ -190,6 +224,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=600)
+    parser.add_argument("--variants", type=int, default=3, help="documents of each kind (their names changed)")
     parser.add_argument("--quick", action="store_true", help="1 round, 2 llama-server n-gram settings")
     parser.add_argument("--peers", default="", help="only these: lmsp-tray,spec-off,default,ngram-simple,...")
     args = parser.parse_args()
@@ -204,22 +239,24 @@ def main() -> None:
     only = [word for word in args.peers.split(",") if word]
     with peers(model, threads, binary, args.quick, only) as found, httpx.Client(timeout=600) as c:
         for name, run in found.items():  # warm-up: load, first prompt
-            run(c, "text", 8)
+            run(c, MESSAGES["text"], 8)
         for _ in range(rounds):
-            for key in PROMPTS:
-                for name, run in found.items():
-                    rate, text, n = run(c, key, args.tokens)
-                    copied = copied_words(text, SOURCES[key])
-                    again = repeated_words(text, SOURCES[key])
-                    load = os.getloadavg()[0]
-                    print(
-                        f"{key:5s} {name:36s} {rate:7.1f} tok/s  {n} tokens, {copied} words copied, {again} repeated;"
-                        f" load {load:.1f}",
-                        flush=True,
-                    )
-                    rates.setdefault((name, key), []).append(rate)
-                    texts.setdefault((name, key), []).append(text)
-                    copies.setdefault((name, key), []).append(copied)
+            for variant in range(args.variants):
+                asked, docs = messages(variant), sources(variant)
+                for key in PROMPTS:
+                    for name, run in found.items():
+                        rate, text, n = run(c, asked[key], args.tokens)
+                        copied = copied_words(text, docs[key])
+                        again = repeated_words(text, docs[key])
+                        load = os.getloadavg()[0]
+                        print(
+                            f"{key:4s} {variant} {name:36s} {rate:7.1f} tok/s  {n} tokens, {copied} words copied, "
+                            f"{again} repeated, text {text_id(text)}; load {load:.1f}",
+                            flush=True,
+                        )
+                        rates.setdefault((name, key), []).append(rate)
+                        texts.setdefault((name, key), []).append(text)
+                        copies.setdefault((name, key), []).append(copied)
     names = list(found)
 
     def median(name: str, key: str) -> float:
@@ -236,10 +273,13 @@ def main() -> None:
             plain = "lmsp-tray, speculative off" if name.startswith("lmsp") else "llama-server -np 1"
             if (plain, key) in texts:
                 same = sum(a == b for a, b in zip(texts[(name, key)], texts[(plain, key)], strict=True))
-                cell += f"identical {same}/{rounds}; "
+                cell += f"identical {same}/{len(texts[(name, key)])}; "
             row.append(cell + f"{statistics.median(copies[(name, key)]):.0f} words copied)")
         rows.append(tuple(row))
-    print(f"Gemma 3 270M, {threads} threads, {rounds} rounds, {args.tokens} max tokens, medians [spread]")
+    print(
+        f"Gemma 3 270M, {threads} threads, {rounds} rounds of {args.variants} documents each, {args.tokens} max "
+        "tokens, medians [spread]"
+    )
     print_table(rows, ("peer", *PROMPTS))
     if "lmsp-tray" not in names:
         return
@@ -251,12 +291,25 @@ def main() -> None:
         spec = [n for n in names if n.startswith("llama-server --spec")]
         if spec:
             best = max(spec, key=lambda n, key=key: median(n, key))
-            per_round = [a / b for a, b in zip(rates[("lmsp-tray", key)], rates[(best, key)], strict=True)]
+            pairs = list(
+                zip(
+                    rates[("lmsp-tray", key)],
+                    rates[(best, key)],
+                    texts[("lmsp-tray", key)],
+                    texts[(best, key)],
+                    strict=True,
+                )
+            )
             ratios.append(
-                f"/ best n-gram ({best}) {ours / median(best, key):.2f} (>= 1.0; per round "
-                + ", ".join(f"{r:.2f}" for r in per_round)
+                f"/ best n-gram ({best}) {ours / median(best, key):.2f} (>= 1.0; per run "
+                + ", ".join(f"{a / b:.2f}" for a, b, _, _ in pairs)
                 + ")"
             )
+            alike = [a / b for a, b, ours_text, their_text in pairs if ours_text == their_text]
+            if alike:  # runs that decoded the very text the best n-gram peer did: speed, not luck
+                ratios.append(f"/ same text {statistics.median(alike):.2f} ({len(alike)} of {len(pairs)} runs)")
+            else:
+                ratios.append(f"(no run decoded the same text as {best})")
         if "lmsp-tray, speculative off" in names:
             ratios.append(f"/ speculative off {ours / median('lmsp-tray, speculative off', key):.2f}")
         print(" ".join(ratios))
