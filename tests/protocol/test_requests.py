@@ -99,3 +99,14 @@ def test_reserved_content_types() -> None:
     audio = {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}
     parsed = parse_response_create({"model": "m", "input": [{"role": "user", "content": [audio]}]})
     assert [(m.param, m.data) for m in parsed.images] == [("input[0].content[0]", b"RIFF")]
+
+
+def test_a_requests_media_are_found_once_and_again_in_a_copy() -> None:
+    """The service asks for a request's media five times before its first token; a long history is walked
+    once (the list is kept), and a copy made with other items finds its own."""
+    import dataclasses
+
+    audio = {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}
+    parsed = parse_response_create({"model": "m", "input": [{"role": "user", "content": [audio]}]})
+    assert parsed.images is parsed.images and len(parsed.images) == 1
+    assert dataclasses.replace(parsed, items=[Message("user", "hi")]).images == []
