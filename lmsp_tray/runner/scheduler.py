@@ -447,7 +447,7 @@ class Scheduler:
         drafts: dict[int, Sequence[int]] = {}
         wants: list[DraftWant] = []
         for slot in decoding:
-            draft = self._draft(slot, spare)
+            draft = self._draft(slot, spare, len(decoding) == 1)
             spare -= len(draft)
             drafts[slot.seq_id] = draft
             if not draft and slot.guessing is not None:  # free-form text here: the draft model may guess
@@ -530,7 +530,7 @@ class Scheduler:
                     logprob = self._logprob(slot.out, token, job.logprobs)
                 self._on_token(slot, token, logprob)
 
-    def _draft(self, slot: _Slot, spare: int) -> Sequence[int]:
+    def _draft(self, slot: _Slot, spare: int, alone: bool) -> Sequence[int]:
         """Tokens to verify after the slot's next one (prompt lookup), within what may still fit."""
         drafting, job = slot.drafting, slot.job
         if drafting is None or job is None:
@@ -542,7 +542,7 @@ class Scheduler:
         lookup = slot.lookup
         if lookup is None:  # indexed when first needed: the prompt and what was generated since
             lookup = slot.lookup = self.drafter([*slot.cache, slot.last_token])
-        draft = lookup.draft(max(limit, 0), room)
+        draft = lookup.draft(max(limit, 0), room, loop=alone)  # around a loop only for a stream alone
         return draft[: text_run(draft)]  # an image's ids are not tokens to feed
 
     def _room(self, slot: _Slot) -> int:

@@ -62,7 +62,7 @@ class Drafter(Protocol):
 
     def append(self, token: int) -> None: ...  # pragma: no cover
 
-    def draft(self, limit: int, long_limit: int = 0) -> list[int]: ...  # pragma: no cover
+    def draft(self, limit: int, long_limit: int = 0, *, loop: bool = False) -> list[int]: ...  # pragma: no cover
 
 
 # Made for a sequence from its tokens so far (the prompt, and the next token to decode).
@@ -90,13 +90,13 @@ class PromptLookup:
             if i >= n:
                 index[tuple(t[i - n : i])] = i
 
-    def draft(self, limit: int, long_limit: int = 0) -> list[int]:
+    def draft(self, limit: int, long_limit: int = 0, *, loop: bool = False) -> list[int]:
         """Up to `limit` tokens that followed the latest earlier occurrence of the sequence's ending;
         when that ending is `LONG_NGRAM` tokens long, up to `long_limit` (at most `LONG_DRAFT`, or
         `LONGER_DRAFT` after `LONGER_NGRAM`), even where `limit` is 0 (short drafts paused).
 
-        Where what followed runs into the present (the ending occurred a few tokens back: the sequence
-        is repeating itself), the draft goes on around the loop (`_around`)."""
+        With `loop`, where what followed runs into the present (the ending occurred a few tokens back:
+        the sequence is repeating itself), the draft goes on around the loop (`_around`)."""
         t = self.tokens
         if max(limit, long_limit) <= 0:
             return []
@@ -105,10 +105,12 @@ class PromptLookup:
                 continue
             at = index.get(tuple(t[-n:]))
             if at is not None:
-                if n < LONG_NGRAM:
-                    return _around(t, at, limit)
-                cap = LONGER_DRAFT if n >= LONGER_NGRAM else LONG_DRAFT
-                return _around(t, at, max(limit, min(long_limit, cap)))
+                count = (
+                    limit
+                    if n < LONG_NGRAM
+                    else max(limit, min(long_limit, LONGER_DRAFT if n >= LONGER_NGRAM else LONG_DRAFT))
+                )
+                return _around(t, at, count) if loop else t[at : at + count]
         return []
 
 
@@ -120,7 +122,12 @@ def _around(tokens: list[int], at: int, count: int) -> list[int]:
     that occurrence is only the `p` tokens up to the present. Cut there, drafts of a loop of two or
     three tokens stayed that short: on Gemma 3 270M a step of 3 tokens costs 2.8 plain steps, and a
     looping edit decoded at 0.6x llama-server's `ngram-mod` (which drafts token by token from a table,
-    and so around a loop). The draft is verified like any other; a loop that ends costs the rest."""
+    and so around a loop). The draft is verified like any other; a loop that ends costs the rest.
+
+    Only for a sequence that decodes alone (the scheduler's `loop`): in a step shared by several, a
+    long loop draft lengthens every stream's step, and eight streams gained nothing from it (0.85-0.86x
+    `llama-server -np 8` with it, 0.83-0.88x without) while four streams' longest gaps with big bodies
+    arriving grew (1.03, 1.47 s against 0.58, 0.59 s, `benchmarks/loop_stall.py --rounds 1` in turn)."""
     out = tokens[at : at + count]
     period = len(tokens) - at
     while 0 < period and len(out) < count:

@@ -67,7 +67,7 @@ class Recorder:
     def append(self, token: int) -> None:
         self.tokens.append(token)
 
-    def draft(self, limit: int, long_limit: int = 0) -> list[int]:
+    def draft(self, limit: int, long_limit: int = 0, *, loop: bool = False) -> list[int]:
         return []
 
 
@@ -84,7 +84,7 @@ class Oracle:
     def append(self, token: int) -> None:
         self.tokens.append(token)
 
-    def draft(self, limit: int, long_limit: int = 0) -> list[int]:
+    def draft(self, limit: int, long_limit: int = 0, *, loop: bool = False) -> list[int]:
         at = len(self.tokens)
         draft = list(self.future[at : at + limit])
         self.calls += 1
@@ -242,7 +242,7 @@ def test_prompt_lookup_proposes_what_followed_the_latest_earlier_occurrence() ->
     assert PromptLookup([5]).draft(4) == []
     assert PromptLookup([]).draft(4) == []
     assert PromptLookup([1, 2, 3, 1, 2, 3]).draft(0) == []
-    assert PromptLookup([1, 2, 3, 1, 2, 3]).draft(5) == [1, 2, 3, 1, 2]  # a loop: drafted around it
+    assert PromptLookup([1, 2, 3, 1, 2, 3]).draft(5) == [1, 2, 3]
     assert PromptLookup([5, 1, 2, 9, 1, 2]).draft(5) == []  # 2-grams recur by chance: not enough
 
 
@@ -253,13 +253,16 @@ def test_prompt_lookup_prefers_the_longer_match() -> None:
 
 
 def test_a_sequence_repeating_itself_drafts_around_its_loop() -> None:
-    """What followed the ending's latest occurrence runs into the present: the draft goes on with itself."""
+    """What followed the ending's latest occurrence runs into the present: with `loop` (a sequence decoding
+    alone), the draft goes on with itself; without, it stops at the present."""
     lookup = PromptLookup([9, 8, 4, 5, 6, 4, 5, 6, 4, 5])
-    assert lookup.draft(8) == [6, 4, 5, 6, 4, 5, 6, 4]  # (6, 4, 5) two tokens back: a loop of three
+    assert lookup.draft(8, loop=True) == [6, 4, 5, 6, 4, 5, 6, 4]  # (6, 4, 5) two tokens back: a loop of three
+    assert lookup.draft(8) == [6, 4, 5]
     lookup.append(6)
-    assert lookup.draft(3) == [4, 5, 6]
-    assert PromptLookup([1, 2, 3, 1, 2, 3, 7]).draft(4) == []  # the loop was left: nothing to go around
-    assert PromptLookup([3, 3, 3, 3]).draft(5) == [3, 3, 3, 3, 3]
+    assert lookup.draft(3, loop=True) == [4, 5, 6]
+    assert PromptLookup([1, 2, 3, 1, 2, 3, 7]).draft(4, loop=True) == []  # the loop was left: nothing to go around
+    assert PromptLookup([3, 3, 3, 3]).draft(5, loop=True) == [3, 3, 3, 3, 3]
+    assert PromptLookup([1, 2, 3, 1, 2, 3]).draft(5, loop=True) == [1, 2, 3, 1, 2]
 
 
 def test_a_copied_passage_drafts_long_at_once() -> None:
@@ -279,8 +282,9 @@ def test_a_24_token_match_picks_its_passage_and_drafts_longer() -> None:
     assert lookup.draft(2, 100) == passage[24:86]  # not [7, 8, 9, ...] after the later 12-token occurrence
     assert lookup.draft(2, 30) == passage[24:54]  # within the room given
     twelve = PromptLookup([*passage, 1, *passage[12:24], 7, 8, 9, 2, 5, *passage[12:24]])
-    loop = [7, 8, 9, 2, 5, *passage[12:24]]  # 12 matched: the latest place, up to 48, around the loop it closes
-    assert twelve.draft(2, 100) == (loop * 3)[:48]
+    loop = [7, 8, 9, 2, 5, *passage[12:24]]  # 12 matched: the latest place, up to 48 (around the loop it closes)
+    assert twelve.draft(2, 100) == loop
+    assert twelve.draft(2, 100, loop=True) == (loop * 3)[:48]
 
 
 def test_a_long_match_drafts_while_short_drafts_are_paused() -> None:
