@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +18,16 @@ from gguf_factory import write_tiny_gguf
 from secret_audit import secret_audit  # noqa: F401 — autouse: no issued secret in any file the run wrote
 from support import LiveDaemon, isolated_env, link_models, start_daemon
 from vulkan_support import mark_vulkan_tests
+
+
+@pytest.fixture(autouse=True, scope="session")
+def interruptible_children() -> None:
+    """The programs tests start can be stopped with Ctrl+C (SIGINT) even where the suite itself was started
+    in the background of a shell without job control, which starts it with SIGINT ignored: an ignored signal
+    stays ignored across exec, Python then installs no KeyboardInterrupt, and the tests that interrupt
+    `lmsp-tray pull` waited out their 60 s. A handler does not survive exec, so children start with the default."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True, scope="session")
