@@ -137,10 +137,8 @@ def render(message: str) -> str:
     return f"<start_of_turn>user\n{message}<end_of_turn>\n<start_of_turn>model\n"
 
 
-MESSAGES = messages(0)
-PROMPTS = {name: render(message) for name, message in MESSAGES.items()}
+KINDS = ("text", "code")
 NGRAM_TYPES = ("ngram-simple", "ngram-mod", "ngram-cache")
-SOURCES = sources(0)
 COPY_RUN_WORDS = 4  # a run of this many words in the source's order counts as copied
 
 
@@ -239,11 +237,11 @@ def main() -> None:
     only = [word for word in args.peers.split(",") if word]
     with peers(model, threads, binary, args.quick, only) as found, httpx.Client(timeout=600) as c:
         for name, run in found.items():  # warm-up: load, first prompt
-            run(c, MESSAGES["text"], 8)
+            run(c, messages(0)["text"], 8)
         for _ in range(rounds):
             for variant in range(args.variants):
                 asked, docs = messages(variant), sources(variant)
-                for key in PROMPTS:
+                for key in KINDS:
                     for name, run in found.items():
                         rate, text, n = run(c, asked[key], args.tokens)
                         copied = copied_words(text, docs[key])
@@ -265,7 +263,7 @@ def main() -> None:
     rows = []
     for name in names:
         row = [name]
-        for key in PROMPTS:
+        for key in KINDS:
             low, high = min(rates[(name, key)]), max(rates[(name, key)])
             cell = f"{median(name, key):.1f} tok/s [{low:.1f}-{high:.1f}] ("
             if ("llama-server -np 1", key) in rates:
@@ -280,10 +278,10 @@ def main() -> None:
         f"Gemma 3 270M, {threads} threads, {rounds} rounds of {args.variants} documents each, {args.tokens} max "
         "tokens, medians [spread]"
     )
-    print_table(rows, ("peer", *PROMPTS))
+    print_table(rows, ("peer", *KINDS))
     if "lmsp-tray" not in names:
         return
-    for key in PROMPTS:
+    for key in KINDS:
         ours = median("lmsp-tray", key)
         ratios = [f"{key}: lmsp-tray"]
         if "llama-server -np 1" in names:

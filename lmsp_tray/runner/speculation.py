@@ -131,9 +131,9 @@ def _around(tokens: list[int], at: int, count: int) -> list[int]:
     `llama-server -np 8` with it, 0.83-0.88x without) while four streams' longest gaps with big bodies
     arriving grew (1.03, 1.47 s against 0.58, 0.59 s, `benchmarks/loop_stall.py --rounds 1` in turn)."""
     out = tokens[at : at + count]
-    period = len(tokens) - at
-    while 0 < period and len(out) < count:
-        out.append(out[len(out) - period])
+    period = len(tokens) - at  # at least 1: a continuation's position is inside the sequence
+    while len(out) < count:
+        out.append(out[-period])
     return out
 
 
