@@ -23,13 +23,18 @@ slices pickled apart share no memo, so each text travelled and was unpickled twi
 7.9 MiB body. Sent once, in a table of strings, it is 8.3 MB, and the service's copy holds each text
 once, as the worker's did.
 
-Why at the lowest priority (`priority.step_aside`): the worker parses at full speed on a core the decode
-wants; with a stream decoding on both cores of a small machine, 8 MiB bodies arriving every 0.5 s took
-the stream's longest gap from 0.54 s to 6.1 s at normal priority. The decode's tokens come first; a
-body waits for the cycles the decode leaves. On Linux the worker is also in the idle scheduling class
-(`SCHED_IDLE`): a decode thread that wakes takes its core at once, and the scheduler counts a core that
-runs only the worker as free when it places the decode's threads (at nice 19 the worker still shares
-a core by weight and is not always preempted on the spot).
+Why at the lowest priority while a model decodes (`priority.aside`, `background`): the worker parses at
+full speed on a core the decode wants; with a stream decoding on both cores of a small machine, 8 MiB
+bodies arriving every 0.5 s took the stream's longest gap from 0.54 s to 6.1 s at normal priority. The
+decode's tokens come first; a body waits for the cycles the decode leaves. On Linux the parse then runs
+on a thread of the idle scheduling class (`SCHED_IDLE`): a decode thread that wakes takes its core at
+once, and the scheduler counts a core that runs only the parse as free when it places the decode's
+threads (at nice 19 it still shares a core by weight and is not always preempted on the spot). While
+nothing decodes there is nothing to step aside for, and the idle class would step aside for every other
+program as well (a 300 KiB body behind a compile waited seconds), so the parse runs at normal priority;
+the choice is made per body (`BodyParser.parse`), on a thread that ends with it, because an unprivileged
+thread cannot leave the idle class again. Where threads have no priority of their own (macOS, Windows)
+the whole worker is at nice 19 from its start (`priority.start_worker`).
 
 Why one worker, started at the first big body and kept: a spawned interpreter takes a few hundred
 milliseconds to start, paid once; one worker is enough to keep the lock free, and on a machine of two
@@ -51,18 +56,13 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from lmsp_tray.priority import BACKGROUND_INPUT_BYTES, step_aside
+from lmsp_tray.priority import BACKGROUND_INPUT_BYTES, aside, start_worker
 from lmsp_tray.protocol import strict_json
 
 PROCESS_BODY_BYTES = BACKGROUND_INPUT_BYTES  # a body this large or larger is parsed in the worker process
 WORKERS = 1
 
 T = TypeVar("T")
-
-
-def _background() -> None:
-    """The worker's start: the lowest priority, so the decode's threads come first."""
-    step_aside(whole_process=True)
 
 
 def parse_body(parse: Callable[[Any], T], raw: bytes) -> T:
@@ -144,12 +144,16 @@ class Sliced:
         return _loads(self.obj, _loads(self.strings))
 
 
-def sliced_parse_body(parse: Callable[[Any], Any], raw: bytes) -> Sliced:
-    """`parse_body` in the worker, its object pickled with long lists in slices and long strings once
-    (`Sliced.load` reads it back)."""
+def _sliced(parse: Callable[[Any], Any], raw: bytes) -> Sliced:
     table = _Table()
     obj = _dumps(parse_body(parse, raw), table)
     return Sliced(_dumps(table.strings), obj)
+
+
+def sliced_parse_body(parse: Callable[[Any], Any], raw: bytes, background: bool = False) -> Sliced:
+    """`parse_body` in the worker, its object pickled with long lists in slices and long strings once
+    (`Sliced.load` reads it back); with `background`, as work that steps aside (`priority.aside`)."""
+    return aside(_sliced, parse, raw) if background else _sliced(parse, raw)
 
 
 class BodyParser:
@@ -166,7 +170,7 @@ class BodyParser:
                 return None
             if self._pool is None:
                 self._pool = ProcessPoolExecutor(
-                    WORKERS, mp_context=multiprocessing.get_context("spawn"), initializer=_background
+                    WORKERS, mp_context=multiprocessing.get_context("spawn"), initializer=start_worker
                 )
             return self._pool
 
@@ -182,13 +186,14 @@ class BodyParser:
         with self._lock:
             return self._pool is not None
 
-    async def parse(self, parse: Callable[[Any], T], raw: bytes) -> T:
-        """`parse_body(parse, raw)` in the worker process: the same object, or the same error, as in process."""
+    async def parse(self, parse: Callable[[Any], T], raw: bytes, *, background: bool = False) -> T:
+        """`parse_body(parse, raw)` in the worker process: the same object, or the same error, as in process.
+        `background`: a model is decoding, and the parse steps aside for it (the module docstring)."""
         pool = self._started()
         if pool is None:  # the service is stopping: parse here, as a thread would
             return await asyncio.to_thread(parse_body, parse, raw)
         try:
-            sent = await asyncio.wrap_future(pool.submit(sliced_parse_body, parse, raw))
+            sent = await asyncio.wrap_future(pool.submit(sliced_parse_body, parse, raw, background))
         except BrokenProcessPool:  # the worker died (killed for memory?): a fresh one next time
             await asyncio.to_thread(self._broken, pool)
             return await asyncio.to_thread(parse_body, parse, raw)

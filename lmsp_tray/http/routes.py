@@ -114,11 +114,12 @@ async def read_json(request: Request) -> Any:
 
 async def read_parsed(request: Request, parse: Callable[[Any], T]) -> T:
     """The body as JSON, validated by `parse` (a module-level function): both off the event loop when the
-    body is large, and in the worker process (`app.state.bodies`) from `PROCESS_BODY_BYTES` on."""
+    body is large, and in the worker process (`app.state.bodies`) from `PROCESS_BODY_BYTES` on, stepping
+    aside while a model decodes."""
     raw = await read_body(request)
     if len(raw) >= PROCESS_BODY_BYTES:
         bodies: BodyParser = request.app.state.bodies
-        return await bodies.parse(parse, raw)
+        return await bodies.parse(parse, raw, background=_service(request).decoding())
     return await off_loop(lambda raw: parse(decode_json(raw)), raw, request)
 
 

@@ -273,6 +273,10 @@ class Service:
             )
         return entry
 
+    def decoding(self) -> bool:
+        """Whether a loaded model has work (a job waiting or generating): what background work steps aside for."""
+        return any(model.busy for model in self.models.loaded())
+
     def model_object(self, entry: ModelEntry) -> dict[str, Any]:
         state, error = self.models.state(entry.id)
         loaded = self.models.get(entry.id)

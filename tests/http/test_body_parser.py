@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import json
-import multiprocessing
 import os
 import threading
 from pathlib import Path
@@ -221,14 +220,75 @@ def test_a_parsed_body_sends_each_long_text_back_once() -> None:
     assert len(sent.strings) + len(sent.obj) < 1.5 * sum(map(len, texts))  # not twice
 
 
+def where_parsed(body: dict[str, str]) -> tuple[int, int]:
+    """The scheduling class and niceness of the thread that parses (in the worker)."""
+    return os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="the idle scheduling class is Linux's")
-def test_the_worker_runs_in_the_idle_scheduling_class_at_the_lowest_priority() -> None:
+def test_the_worker_parses_in_the_idle_class_while_a_model_decodes_and_at_normal_priority_otherwise() -> None:
+    """Beside a decode the parse steps aside; with nothing to step aside for it does not (the idle class
+    would wait behind every other busy program), and a parse in the background does not leave it there."""
     bodies = BodyParser()
-    others = {child.pid for child in multiprocessing.active_children()}  # a daemon's own worker, say
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
     try:
-        assert outcome(parse_response_create, json.dumps({"model": "m", "input": "hi"}).encode(), bodies)
-        (worker,) = [child for child in multiprocessing.active_children() if child.pid not in others]
-        assert os.sched_getscheduler(worker.pid) == os.SCHED_IDLE
-        assert os.getpriority(os.PRIO_PROCESS, worker.pid) == BACKGROUND_NICE
+        asked = [False, True, False, True]
+        got = [asyncio.run(bodies.parse(where_parsed, b"{}", background=background)) for background in asked]
+        assert got == [
+            (os.SCHED_IDLE, BACKGROUND_NICE) if background else (os.SCHED_OTHER, ours) for background in asked
+        ]
     finally:
         bodies.close()
+
+
+def raises_in_the_background(body: dict[str, str]) -> None:
+    raise LMSPError(body["why"])
+
+
+def test_a_parse_in_the_background_gives_the_same_object_or_error() -> None:
+    raw = json.dumps({"model": "m", "input": "hi"}).encode()
+    assert sliced_parse_body(parse_response_create, raw, True).load() == parse_body(parse_response_create, raw)
+    with pytest.raises(LMSPError, match="no"):
+        sliced_parse_body(raises_in_the_background, b'{"why": "no"}', True)
+
+
+def test_a_big_body_steps_aside_only_while_a_model_decodes(daemon: LiveDaemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The route asks the worker to step aside exactly when the service has a decode running."""
+    bodies = daemon.daemon.bodies
+    real = bodies.parse
+    asked: list[bool] = []
+
+    async def recording(parse: Any, raw: bytes, *, background: bool = False) -> Any:
+        asked.append(background)
+        return await real(parse, raw, background=background)
+
+    monkeypatch.setattr(bodies, "parse", recording)
+    big = {"model": TINY_ID, "input": "word " * 60_000, "max_output_tokens": 1}  # 300 KB: the worker's
+    deltas = threading.Semaphore(0)
+    done = threading.Event()
+
+    def stream() -> None:
+        ask = {"model": SLOW_ID, "input": "count", "stream": True, "temperature": 0, "max_output_tokens": 2000}
+        with (
+            httpx.Client(timeout=120, headers=daemon.auth_headers) as c,
+            c.stream("POST", daemon.url + "/responses", json=ask) as r,
+        ):
+            for line in r.iter_lines():
+                if done.is_set():
+                    return  # leaving cancels the run
+                if line.startswith("event: response.output_text.delta"):
+                    deltas.release()
+
+    with httpx.Client(timeout=120, headers=daemon.auth_headers) as c:
+        assert not daemon.service.decoding()
+        c.post(daemon.url + "/responses", json=big)  # refused or answered: parsed either way
+        streaming = threading.Thread(target=stream)
+        streaming.start()
+        try:
+            assert deltas.acquire(timeout=60) and deltas.acquire(timeout=60), "the stream did not start"
+            assert daemon.service.decoding()
+            c.post(daemon.url + "/responses", json=big)
+        finally:
+            done.set()
+            streaming.join(120)
+    assert asked == [False, True]
