@@ -8,6 +8,7 @@ import ctypes
 import json
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,20 @@ def echo(body: dict[str, str]) -> dict[str, str]:
     return body
 
 
+def slow_stream(daemon: LiveDaemon, on_delta: Callable[[], object], done: threading.Event) -> None:
+    """A long greedy stream of the slow model, `on_delta` at each text delta, until `done` (leaving cancels it)."""
+    ask = {"model": SLOW_ID, "input": "count", "stream": True, "temperature": 0, "max_output_tokens": 2000}
+    with (
+        httpx.Client(timeout=120, headers=daemon.auth_headers) as c,
+        c.stream("POST", daemon.url + "/responses", json=ask) as r,
+    ):
+        for line in r.iter_lines():
+            if done.is_set():
+                return
+            if line.startswith("event: response.output_text.delta"):
+                on_delta()
+
+
 def test_the_streams_tokens_flow_while_the_worker_parses(daemon: LiveDaemon, tmp_path: Path) -> None:
     """A parse that holds its interpreter lock until the stream has delivered a few more tokens: in the worker
     it ends when they have arrived; in the service's process it would hold the relay, and time out first."""
@@ -163,21 +178,12 @@ def test_the_streams_tokens_flow_while_the_worker_parses(daemon: LiveDaemon, tmp
     seen = threading.Condition()
     done = threading.Event()
 
-    def stream() -> None:
-        ask = {"model": SLOW_ID, "input": "count", "stream": True, "temperature": 0, "max_output_tokens": 2000}
-        with (
-            httpx.Client(timeout=120, headers=daemon.auth_headers) as c,
-            c.stream("POST", daemon.url + "/responses", json=ask) as r,
-        ):
-            for line in r.iter_lines():
-                if done.is_set():
-                    return  # leaving cancels the run
-                if line.startswith("event: response.output_text.delta"):
-                    with seen:
-                        events.append(1)
-                        seen.notify_all()
+    def delta() -> None:
+        with seen:
+            events.append(1)
+            seen.notify_all()
 
-    streaming = threading.Thread(target=stream)
+    streaming = threading.Thread(target=slow_stream, args=(daemon, delta, done))
     streaming.start()
     try:
         with seen:
@@ -267,22 +273,10 @@ def test_a_big_body_steps_aside_only_while_a_model_decodes(daemon: LiveDaemon, m
     deltas = threading.Semaphore(0)
     done = threading.Event()
 
-    def stream() -> None:
-        ask = {"model": SLOW_ID, "input": "count", "stream": True, "temperature": 0, "max_output_tokens": 2000}
-        with (
-            httpx.Client(timeout=120, headers=daemon.auth_headers) as c,
-            c.stream("POST", daemon.url + "/responses", json=ask) as r,
-        ):
-            for line in r.iter_lines():
-                if done.is_set():
-                    return  # leaving cancels the run
-                if line.startswith("event: response.output_text.delta"):
-                    deltas.release()
-
     with httpx.Client(timeout=120, headers=daemon.auth_headers) as c:
         assert not daemon.service.decoding()
         c.post(daemon.url + "/responses", json=big)  # refused or answered: parsed either way
-        streaming = threading.Thread(target=stream)
+        streaming = threading.Thread(target=slow_stream, args=(daemon, deltas.release, done))
         streaming.start()
         try:
             assert deltas.acquire(timeout=60) and deltas.acquire(timeout=60), "the stream did not start"
