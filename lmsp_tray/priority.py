@@ -5,7 +5,7 @@ priority takes cycles from it, so a stream's tokens stall. The service's parse o
 worker process, `http.body_parser`) and the model process's writes of its prompt cache
 (`runner.prompt_cache`) can wait instead; they step aside the same way, here.
 
-Why not the model process's tokenizing of a big text (what `serving.service.token_floor` sends of a
+Why not the model process's tokenizing of a big text (what `serving.input_bounds.token_floor` sends of a
 prompt far over the window) as well: tried, on a thread in the idle scheduling class, and the streams'
 longest gaps with 8 MiB bodies arriving grew (0.61-0.70 s to 0.78-1.50 s, three rounds of
 `benchmarks/loop_stall.py` each, quiet 2-core machine): the tokenizing holds the interpreter lock between

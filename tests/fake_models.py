@@ -60,6 +60,9 @@ class FakeModel:
     def tokenize_prompt(self, text: str, *, at_most: int | None = None) -> list[int]:
         return [ord(c) for c in text]
 
+    def longest_piece(self) -> int:
+        return 4  # a token a character: at most 4 bytes of UTF-8
+
     def measure(self, prompt: Sequence[int], media: Sequence[Any]) -> int:
         return len(prompt)
 

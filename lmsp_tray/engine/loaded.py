@@ -88,6 +88,11 @@ class LoadedModel(Protocol):
         tokenizing it (`ContextLengthExceeded`)."""
         ...  # pragma: no cover
 
+    def longest_piece(self) -> int:
+        """The most bytes of text one token stands for (worked out once, at the first ask): a text of
+        `n` bytes is at least `n / longest_piece()` tokens, whatever it says."""
+        ...  # pragma: no cover
+
     def measure(self, prompt: Sequence[int], media: Sequence[ImagePixels | AudioClip]) -> int:
         """How many tokens `prompt` is with each IMAGE_SLOT replaced by the tokens of the next of `media`, as
         the projector cuts them (preprocessed, not encoded)."""

@@ -115,6 +115,7 @@ class ModelProcess:
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=40)
         self._token_ids: dict[str, int | None] = {}
         self._control: dict[int, bool] = {}
+        self._longest_piece: int | None = None  # asked once, at the first long conversation
         self._embedding = 0  # embedding requests in flight
         self.exit_error: LMSPError | None = None
         started = time.monotonic()
@@ -211,6 +212,11 @@ class ModelProcess:
         head = struct.pack("<I", at_most or 0)
         _, payload = self._request(wire.TOKENIZE, head + text.encode("utf-8", errors="replace"))
         return wire.unpack_tokens(payload)
+
+    def longest_piece(self) -> int:
+        if self._longest_piece is None:
+            self._longest_piece = int(wire.unpack_json(self._call({"op": "longest_piece"})))
+        return self._longest_piece
 
     def measure(self, prompt: Sequence[int], media: Sequence[ImagePixels | AudioClip]) -> int:
         _, payload = self._request(wire.MEASURE, wire.pack_job({}, prompt, media))

@@ -191,6 +191,8 @@ class Worker:
                 result = self.model.find_token(str(request["text"]))
             elif op == "is_control":
                 result = self.model.is_control(int(request["token"]))
+            elif op == "longest_piece":
+                result = self.model.longest_piece()
             elif op == "fim_tokens":
                 result = self.model.fim_tokens(str(request["prefix"]), str(request["suffix"]))
             elif op == "tokenize":

@@ -71,33 +71,10 @@ from lmsp_tray.protocol.states import ModelState
 from lmsp_tray.serving.aliases import resolve_model
 from lmsp_tray.serving.hardware import backend_document, memory_by_device
 from lmsp_tray.serving.images import decode_all
+from lmsp_tray.serving.input_bounds import PROBE_CHARS_PER_TOKEN, probe_chars, text_floor, token_floor
 from lmsp_tray.serving.model_settings import settings_document, with_model_defaults
 
 log = logging.getLogger("lmsp_tray.serving.service")
-
-PROBE_CHARS_PER_TOKEN = 8  # a prompt over `window * this` characters is probed before it is tokenized whole
-PROBE_SLACK_TOKENS = 64  # what cutting a text in two can add to its tokens, and far more
-
-
-def probe_chars(window: int) -> int:
-    """How many of a prompt's first characters `token_floor` tokenizes; it needs twice as many to try."""
-    return (window + PROBE_SLACK_TOKENS) * PROBE_CHARS_PER_TOKEN
-
-
-def token_floor(tokenize: Callable[[str], list[int]], prompt: str, window: int) -> int | None:
-    """For a prompt far longer than a context window could hold, a token count it certainly reaches.
-
-    Tokenizing a 7 MiB prompt costs seconds of a core; its first ``window *
-    PROBE_CHARS_PER_TOKEN`` characters, cut between words, cost milliseconds.
-    When that prefix alone has more than ``window`` tokens (less a slack for
-    the cut), so has the whole prompt. None: no such proof; tokenize it all.
-    """
-    probe = probe_chars(window)
-    if len(prompt) < 2 * probe:
-        return None
-    cut = prompt.rfind(" ", probe // 2, probe)
-    floor = len(tokenize(prompt[: cut if cut > 0 else probe])) - PROBE_SLACK_TOKENS
-    return floor if floor >= window else None
 
 
 class Catalog(Protocol):
@@ -613,7 +590,12 @@ class Service:
     def _plan(model: LoadedModel, request: ResponseRequest, spec: OutputSpec, window: int) -> ChatPlan:
         """`build_plan`, refusing a conversation that renders far longer than `window` holds from the start
         of its rendering (what `token_floor` reads of a whole prompt), without rendering the rest: the
-        same answer, for a fraction of the CPU (all of an 8 MiB conversation took 0.25 s of a core)."""
+        same answer, for a fraction of the CPU (all of an 8 MiB conversation took 0.25 s of a core).
+        A conversation whose text alone proves it too long (`text_floor`) is refused before rendering."""
+        if request.large:
+            least = text_floor(request, model.longest_piece())
+            if least >= window:
+                raise Service._too_long(model, least, window)
         try:
             return build_plan(model, request, spec, at_most=2 * probe_chars(window))
         except RenderedPast as past:

@@ -19,7 +19,7 @@ from support import TINY_ID, LiveDaemon, body
 from lmsp_tray.engine.templates import RenderedPast
 from lmsp_tray.http import routes
 from lmsp_tray.serving import service as service_module
-from lmsp_tray.serving.service import PROBE_SLACK_TOKENS, token_floor
+from lmsp_tray.serving.input_bounds import PROBE_SLACK_TOKENS, token_floor
 
 ANSWERS_WHILE_HELD = 3
 HOLD_LIMIT_S = 60.0
@@ -137,10 +137,11 @@ def test_a_small_body_is_decoded_on_the_loop_and_its_prompt_tokenized_off_it(
     assert len(tokenized) == 1 and set(tokenized).isdisjoint(loop_thread)
 
 
-def test_a_huge_input_is_refused_without_tokenizing_all_of_it(
+def test_a_huge_input_is_refused_without_tokenizing_any_of_it(
     daemon: LiveDaemon, client: httpx.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """7 MiB over the context: refused from a tokenized prefix (`token_floor`), not the whole prompt."""
+    """7 MiB over the context: refused from its text's length alone (`text_floor`), nothing tokenized;
+    just over the window, tokenized whole and the exact count given."""
     r = client.post("/models/" + TINY_ID + "/load")
     assert r.status_code == 200
     model = daemon.daemon.models.get(TINY_ID)
@@ -152,25 +153,50 @@ def test_a_huge_input_is_refused_without_tokenizing_all_of_it(
         return real(text, **kwargs)
 
     monkeypatch.setattr(model, "tokenize_prompt", tokenize)
-    r = client.post("/responses", json=body("hello world " * (7 * 2**20 // 12)))
-    huge = list(tokenized)
-    tokenized.clear()
+    text = "hello world " * (7 * 2**20 // 12)
+    r = client.post("/responses", json=body(text))
     assert r.status_code == 400 and r.json()["code"] == "context_length_exceeded" and r.json()["param"] == "input"
-    assert r.json()["detail"].startswith("The input is at least ")
-    assert huge and max(huge) < 64 * 1024  # only a prefix was tokenized
+    least = -(-len(text.strip()) // model.longest_piece())
+    assert r.json()["detail"].startswith(f"The input is at least {least} tokens; '{TINY_ID}' has a context window")
+    assert least > model.context_length and not tokenized
     # Just over the window: tokenized whole, the exact count is given.
     r = client.post("/responses", json=body("hello world " * 400))
     assert r.status_code == 400 and r.json()["code"] == "context_length_exceeded"
     assert "is at least" not in r.json()["detail"] and max(tokenized) > 4000  # the whole prompt
 
 
+def test_a_huge_conversation_of_assistant_turns_is_probed(
+    daemon: LiveDaemon, client: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A template may drop an assistant turn's text (its reasoning), so `text_floor` does not count it: a
+    conversation huge in its assistant turns only is refused from its rendering's start (`token_floor`)."""
+    assert client.post("/models/" + TINY_ID + "/load").status_code == 200
+    model = daemon.daemon.models.get(TINY_ID)
+    tokenized: list[int] = []
+    real = model.tokenize_prompt
+
+    def tokenize(text: str, **kwargs: Any) -> list[int]:
+        tokenized.append(len(text))
+        return real(text, **kwargs)
+
+    monkeypatch.setattr(model, "tokenize_prompt", tokenize)
+    turns = [{"role": "user", "content": "Go on."}, {"role": "assistant", "content": "hello world " * 2**17}]
+    r = client.post("/responses", json=body([*turns, {"role": "user", "content": "And?"}]))
+    assert r.status_code == 400 and r.json()["code"] == "context_length_exceeded"
+    assert r.json()["detail"].startswith("The input is at least ")
+    assert tokenized and max(tokenized) < 64 * 1024  # a prefix of the rendering was tokenized
+
+
 def test_a_huge_conversation_is_refused_from_the_start_of_its_rendering(
     daemon: LiveDaemon, client: httpx.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Thousands of messages far over the context: the template renders only the prompt's start (what
-    `token_floor` reads), and the answer is the one a whole rendering gives."""
+    """Thousands of messages far over the context, where their text's length alone proves nothing: the
+    template renders only the prompt's start (what `token_floor` reads), and the answer is the one a
+    whole rendering gives."""
     assert client.post("/models/" + TINY_ID + "/load").status_code == 200
-    template = daemon.daemon.models.get(TINY_ID).template
+    model = daemon.daemon.models.get(TINY_ID)
+    monkeypatch.setattr(model, "longest_piece", lambda: 2**30)  # its text alone proves nothing (`text_floor`)
+    template = model.template
     rendered: list[int] = []
     real = template.render
 
