@@ -216,6 +216,31 @@ class _Reader:
                     raise GGUFError(f"corrupt GGUF header: a string claims {length:,} bytes")
                 self._at(8 + length)  # the next string does not fit the buffer: grow it
 
+    def string_lengths(self, count: int) -> list[int]:
+        """The byte lengths of the next `count` strings, stepping over them (as `skip_strings`)."""
+        unpack = _U64.unpack_from
+        lengths: list[int] = []
+        add = lengths.append
+        i = 0
+        while i < count:
+            off = self._at(8)
+            data = self._data
+            end = len(data)
+            while i < count and off + 8 <= end:
+                n = unpack(data, off)[0]
+                if off + 8 + n > end:
+                    break
+                add(n)
+                off += 8 + n
+                i += 1
+            self.pos = self._base + off
+            if i < count:
+                length = unpack(data, off)[0] if off + 8 <= end else 0
+                if length > MAX_STRING_BYTES:
+                    raise GGUFError(f"corrupt GGUF header: a string claims {length:,} bytes")
+                self._at(8 + length)  # the next string does not fit the buffer: grow it
+        return lengths
+
 
 # Block size and bytes per block of each ggml type, keyed by its number in the file.
 _QUANT_SIZES: Mapping[int, tuple[int, int]] = MappingProxyType({int(k): v for k, v in GGML_QUANT_SIZES.items()})
@@ -279,7 +304,34 @@ def read_gguf_info_from(f: BinaryIO, size: int) -> GGUFInfo:
         raise GGUFReadError(f"cannot read the file: {exc.strerror or exc}") from None
 
 
-def _parse(r: _Reader) -> GGUFInfo:
+def token_text_lengths(path: str | os.PathLike[str]) -> list[int] | None:
+    """The byte length of each token's text in the vocabulary (`tokenizer.ggml.tokens`, by token id),
+    read from the header without building the strings (~60 ms for 262,144 tokens); None when the file
+    has no such array. Raises `GGUFError` as `read_gguf_info` does."""
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed by the `with f` below; opening fails apart
+    except OSError as exc:
+        raise GGUFReadError(f"cannot open the file: {exc.strerror or exc}") from None
+    with f:
+        try:
+            r = _Reader(f, os.fstat(f.fileno()).st_size)
+            _, n_kv = _head(r)
+            for _ in range(n_kv):
+                key = r.string(MAX_KEY_BYTES)
+                vtype = r.u32()
+                if key == TOKENS_KEY and vtype == GGUFValueType.ARRAY:
+                    etype, count = r.u32(), r.u64()
+                    if etype != GGUFValueType.STRING or count * 8 > r.size - r.pos:
+                        return None
+                    return r.string_lengths(count)
+                _value(r, vtype, key, None, 0)
+            return None
+        except OSError as exc:
+            raise GGUFReadError(f"cannot read the file: {exc.strerror or exc}") from None
+
+
+def _head(r: _Reader) -> tuple[int, int]:
+    """The file's tensor and metadata counts, after checking its magic and version; `r` at its metadata."""
     if r.size == 0:
         raise GGUFIncomplete("empty file (0 bytes), probably a download or copy that has not started or failed")
     head = r.raw(min(r.size, 64))
@@ -302,7 +354,11 @@ def _parse(r: _Reader) -> GGUFInfo:
         raise GGUFError(f"corrupt GGUF header: it claims {n_tensors:,} tensors")
     if n_kv > MAX_KV_COUNT:
         raise GGUFError(f"corrupt GGUF header: it claims {n_kv:,} metadata entries")
+    return n_tensors, n_kv
 
+
+def _parse(r: _Reader) -> GGUFInfo:
+    n_tensors, n_kv = _head(r)
     kv: dict[str, Any] = {}
     checkpoints: list[int] = []
     vocab: tuple[int, int] | None = None

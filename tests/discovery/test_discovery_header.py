@@ -11,7 +11,13 @@ import pytest
 from discovery_support import cut, kv_section_end, write_header_only, write_vocab_only
 from gguf_factory import CHATML_TEMPLATE, vocabulary, write_tiny_gguf
 
-from lmsp_tray.discovery.gguf_header import GGUFError, GGUFIncomplete, quantization_name, read_gguf_info
+from lmsp_tray.discovery.gguf_header import (
+    GGUFError,
+    GGUFIncomplete,
+    quantization_name,
+    read_gguf_info,
+    token_text_lengths,
+)
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +63,19 @@ def test_token_texts_far_into_the_vocabulary(tmp_path: Path) -> None:
     assert (info.bos_token, info.eos_token) == (tokens[4097], tokens[4999])
     assert info.vocab_size == 5000
     assert info.head_count_kv == 8  # per-layer array: the largest, a safe upper bound
+
+
+def test_token_text_lengths_in_bytes_by_token_id(tmp_path: Path) -> None:
+    """Each token text's length in bytes, in id order, across the reader's buffer refills (the first
+    read is 64 KiB; these 40,000 texts are ~1 MB); None without a vocabulary; a cut file is an error."""
+    rnd = random.Random(7)
+    tokens = [f"{i}{'▁' * rnd.randrange(8)}{'é' * rnd.randrange(3)}{'x' * rnd.randrange(40)}" for i in range(40_000)]
+    path = write_header_only(tmp_path / "lengths.gguf", tokens=tokens, tensors=1, kv={"general.name": "n" * 5000})
+    assert token_text_lengths(path) == [len(t.encode()) for t in tokens]
+    assert token_text_lengths(write_header_only(tmp_path / "none.gguf", tensors=1)) is None
+    cut(path, tmp_path / "cut.gguf", 500_000)
+    with pytest.raises(GGUFError, match="truncated"):
+        token_text_lengths(tmp_path / "cut.gguf")
 
 
 def test_out_of_range_token_ids_give_no_text(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from lmsp_tray.discovery.entry import GGUFInfo, ModelEntry
 from lmsp_tray.discovery.gguf_header import read_gguf_info
-from lmsp_tray.runner.model import LlamaModel, LoadOptions
+from lmsp_tray.runner.model import LlamaModel, LoadOptions, llama_longest_piece
 from lmsp_tray.runner.prompt_tokens import PromptTokenizer, SpecialToken, can_overlap, turn_markers
 from lmsp_tray.runner.runtime import Runtime
 
@@ -189,6 +189,20 @@ def test_gemma_pieces_equal_whole_prompts_and_a_continued_conversation_hits_the_
     second = _render(gemma, turns)
     assert gemma.tokenize_prompt(second) == gemma.tokenize(second)
     assert tok.misses - misses <= 3  # the new answer, the new question, at most one more
+
+
+def test_the_longest_piece_read_from_the_file_is_llama_cpp_s(tiny_model: LlamaModel) -> None:
+    """The longest token text from the file's header (`token_text_lengths`) is what llama.cpp answers
+    token by token; the generated vocabulary has byte tokens ("<0x0A>": six characters for one byte)."""
+    assert tiny_model.longest_piece() == llama_longest_piece(tiny_model.vocab, tiny_model.n_vocab)
+
+
+@pytest.mark.gemma
+def test_gemma_s_longest_piece_read_from_the_file_is_llama_cpp_s(gemma: LlamaModel) -> None:
+    """Gemma 3's 262,144 SentencePiece tokens ("▁" is three bytes of text, one of piece): the same figure."""
+    assert gemma.longest_piece() == llama_longest_piece(gemma.vocab, gemma.n_vocab) == 49
+    text = "▁" * 20 + " " * 10_000  # a text of spaces is at least its bytes over the longest piece in tokens
+    assert len(gemma.tokenize(text)) >= -(-len(text.encode()) // gemma.longest_piece())
 
 
 def test_the_piece_tokenizer_is_built_at_load_off_the_loading_thread(tmp_path: Path) -> None:
