@@ -123,6 +123,24 @@ def pooled_llama_server(binary: Path, model: Path, threads: int, mode: str, extr
         proc.wait(30)
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user and system) the process `pid` has used so far, its children not counted."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> dict[int, str]:
+    """The direct children of `pid` (Linux), each with its command line."""
+    found: dict[int, str] = {}
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as fh:
+            for child in fh.read().split():
+                with open(f"/proc/{child}/cmdline", "rb") as cmd:
+                    found[int(child)] = cmd.read().replace(b"\0", b" ").decode(errors="replace")
+    return found
+
+
 def rss_bytes(pid: int) -> int:
     with open(f"/proc/{pid}/status", encoding="ascii") as fh:
         for line in fh:

@@ -1,6 +1,6 @@
 """Do big request bodies stall the streams already running? Inter-token gaps with and without them.
 
-    .venv/bin/python benchmarks/loop_stall.py [--streams 4] [--tokens 128] [--rounds 3] [--every 0.5]
+    .venv/bin/python benchmarks/loop_stall.py [--streams 4] [--tokens 128] [--rounds 3] [--every 0.5] [--cpu-only]
 
 lmsp-tray serves the Gemma 3 270M file. Each round runs the same decode twice,
 in alternating order: `--streams` concurrent streaming responses (temperature
@@ -16,7 +16,10 @@ deltas as the client receives them) for both runs, p99 with bodies / p99
 without, the longest gap with bodies against 1.5x the longest without plus
 0.1 s (issue 27's target), how many bodies were answered and how long the
 slowest took. A health probe (`GET /lmsp/v1` every 20 ms) measures the event
-loop directly: a stalled loop answers nothing, whatever the decode does.
+loop directly: a stalled loop answers nothing, whatever the decode does. Last,
+the CPU time each process (service, model process, body worker) spends on one
+body with nothing decoding: CPU seconds hardly depend on the machine's noise;
+gaps do.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import threading
 import time
 
 import httpx
-from common import GEMMA_ID, gemma_path, lmsp_service, physical_cores, print_table
+from common import GEMMA_ID, children, cpu_seconds, gemma_path, lmsp_service, physical_cores, print_table
 from throughput import message
 
 BODY_BYTES = 8 * 2**20 - 64 * 1024  # just under the default max_request_bytes (8 MiB), headers aside
@@ -129,6 +132,25 @@ def run(url: str, headers: dict[str, str], args: argparse.Namespace, bodies: lis
     return gaps, probes.result(), [f.result() for f in answered]
 
 
+def cpu_per_body(url: str, headers: dict[str, str], pid: int, bodies: list[bytes]) -> dict[str, float]:
+    """The CPU time each process spends on one body, sent one after another with nothing decoding: the
+    service (the interpreter whose lock relays every stream's tokens), the model process and the body
+    worker. CPU seconds, unlike gaps, hardly depend on what else the machine runs. Gaps after these come
+    from a warmer service: `main` runs this last."""
+    send(url, headers, bodies[0])  # the body worker starts at the first big body (and is then kept)
+    kids = children(pid)
+    procs = {"service": pid}
+    for kid, cmd in kids.items():
+        if "lmsp_tray.runner.worker" in cmd:
+            procs["model process"] = kid
+        elif "multiprocessing" in cmd:
+            procs["body worker"] = kid
+    before = {name: cpu_seconds(k) for name, k in procs.items()}
+    for raw in bodies:
+        send(url, headers, raw)
+    return {name: (cpu_seconds(k) - before[name]) / len(bodies) for name, k in procs.items()}
+
+
 def p(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=1000, method="inclusive")[int(q * 1000) - 1] if len(values) > 1 else 0.0
 
@@ -140,17 +162,21 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--every", type=float, default=0.5, help="seconds between two bodies (default 0.5)")
     ap.add_argument("--threads", type=int, default=physical_cores())
+    ap.add_argument("--cpu-only", action="store_true", help="only the CPU time per body (no decode, no gaps)")
     args = ap.parse_args()
 
     bodies = [big_body(seed) for seed in range(4)]
     print(f"{len(bodies)} distinct bodies of {min(map(len, bodies)) / 2**20:.2f} MiB, one every {args.every} s")
-    with lmsp_service(gemma_path(), threads=args.threads) as (url, _):
+    with lmsp_service(gemma_path(), threads=args.threads) as (url, service):
         headers = url.headers
         deadline = time.monotonic() + 60
         while httpx.post(f"{url}/models/{GEMMA_ID}/load", headers=headers, timeout=300).status_code == 404:
             if time.monotonic() > deadline:  # discovery runs in the background at start-up
                 raise RuntimeError(f"{GEMMA_ID} never appeared")
             time.sleep(0.2)
+        if args.cpu_only:
+            print_cpu(cpu_per_body(url, headers, service.pid, bodies * 2))
+            return
         run(url, headers, argparse.Namespace(**{**vars(args), "tokens": 16}), None)  # warm-up
         quiet: list[float] = []
         loaded: list[float] = []
@@ -173,6 +199,7 @@ def main() -> None:
                     + f"; load average {os.getloadavg()[0]:.1f}",
                     flush=True,
                 )
+        cpu = cpu_per_body(url, headers, service.pid, bodies * 2)
     rows = [
         (name, str(len(g)), f"{p(g, 0.5) * 1000:.1f}", f"{p(g, 0.99) * 1000:.1f}", f"{max(g) * 1000:.1f}")
         for name, g in (("without bodies", quiet), ("with 8 MiB bodies", loaded))
@@ -212,6 +239,14 @@ def main() -> None:
         f"{1.5 * typical[False] + 0.1:.2f} s"
     )
     print(f"p99 health-probe answer with bodies / without: {p(probes[True], 0.99) / p(probes[False], 0.99):.2f}")
+    print_cpu(cpu)
+
+
+def print_cpu(cpu: dict[str, float]) -> None:
+    print(
+        "CPU per body with nothing decoding (one at a time): "
+        + ", ".join(f"{name} {seconds * 1000:.0f} ms" for name, seconds in cpu.items())
+    )
 
 
 if __name__ == "__main__":
