@@ -38,18 +38,18 @@ def serve(env: dict[str, str], models_dir: Path, port: int) -> subprocess.Popen:
 
 def run_once(env: dict[str, str], models_dir: Path) -> None:
     port = free_port()
-    proc = serve(env, models_dir, port)
-    try:
-        url = f"http://127.0.0.1:{port}/lmsp/v1"
+    with serve(env, models_dir, port) as proc:  # its stderr pipe closed at the end, not left to the collector
+        try:
+            url = f"http://127.0.0.1:{port}/lmsp/v1"
 
-        def up() -> bool:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else "exited"
-            return httpx.get(url, timeout=1).status_code == 200
+            def up() -> bool:
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else "exited"
+                return httpx.get(url, timeout=1).status_code == 200
 
-        wait_until(up, 60, "the service to answer", interval=0.1, ignoring=httpx.HTTPError)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
+            wait_until(up, 60, "the service to answer", interval=0.1, ignoring=httpx.HTTPError)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
 
 
 @pytest.fixture
@@ -97,14 +97,14 @@ def test_an_existing_install_is_tightened_at_start_up(env: dict[str, str], model
     for path, wanted in [*private_install(root), (rotated, 0o600)]:
         os.chmod(path, 0o777 if wanted == 0o700 else 0o666)
     port = free_port()
-    proc = serve(env, models_dir, port)
-    try:
-        wait_until(lambda: (root / "run" / "service.json").exists(), 60, "the discovery file")
-        for path, wanted in [*private_install(root), (rotated, 0o600)]:
-            assert mode(path) == wanted, (path, oct(mode(path)))  # the -wal and -shm exist while it runs
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
+    with serve(env, models_dir, port) as proc:
+        try:
+            wait_until(lambda: (root / "run" / "service.json").exists(), 60, "the discovery file")
+            for path, wanted in [*private_install(root), (rotated, 0o600)]:
+                assert mode(path) == wanted, (path, oct(mode(path)))  # the -wal and -shm exist while it runs
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
 
 
 def test_a_rotated_log_file_is_private(tmp_path: Path) -> None:
