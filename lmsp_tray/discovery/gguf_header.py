@@ -23,14 +23,16 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUFValueType, LlamaFileType
 
 from lmsp_tray.discovery.entry import GGUFInfo
 from lmsp_tray.discovery.fim import has_fim_tokens
+
+T = TypeVar("T")
 
 MAGIC = struct.pack("<I", GGUF_MAGIC)  # b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -283,14 +285,18 @@ def describe_bytes(data: bytes) -> str:
 
 def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
     """The header facts of the GGUF file at `path`; raises `GGUFError` when it has none."""
+    return _read_file(path, _parse)
+
+
+def _read_file(path: str | os.PathLike[str], read: Callable[[_Reader], T]) -> T:
+    """`read` over the file at `path`; a file that cannot be opened or read is a `GGUFReadError`."""
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed by the `with f` below; opening fails apart
     except OSError as exc:
         raise GGUFReadError(f"cannot open the file: {exc.strerror or exc}") from None
     with f:
         try:
-            size = os.fstat(f.fileno()).st_size
-            return _parse(_Reader(f, size))
+            return read(_Reader(f, os.fstat(f.fileno()).st_size))
         except OSError as exc:
             raise GGUFReadError(f"cannot read the file: {exc.strerror or exc}") from None
 
@@ -306,28 +312,23 @@ def read_gguf_info_from(f: BinaryIO, size: int) -> GGUFInfo:
 
 def token_text_lengths(path: str | os.PathLike[str]) -> list[int] | None:
     """The byte length of each token's text in the vocabulary (`tokenizer.ggml.tokens`, by token id),
-    read from the header without building the strings (~60 ms for 262,144 tokens); None when the file
+    read from the header without building the strings (~0.1 s for 262,144 tokens); None when the file
     has no such array. Raises `GGUFError` as `read_gguf_info` does."""
-    try:
-        f = open(path, "rb")  # noqa: SIM115 - closed by the `with f` below; opening fails apart
-    except OSError as exc:
-        raise GGUFReadError(f"cannot open the file: {exc.strerror or exc}") from None
-    with f:
-        try:
-            r = _Reader(f, os.fstat(f.fileno()).st_size)
-            _, n_kv = _head(r)
-            for _ in range(n_kv):
-                key = r.string(MAX_KEY_BYTES)
-                vtype = r.u32()
-                if key == TOKENS_KEY and vtype == GGUFValueType.ARRAY:
-                    etype, count = r.u32(), r.u64()
-                    if etype != GGUFValueType.STRING or count * 8 > r.size - r.pos:
-                        return None
-                    return r.string_lengths(count)
-                _value(r, vtype, key, None, 0)
-            return None
-        except OSError as exc:
-            raise GGUFReadError(f"cannot read the file: {exc.strerror or exc}") from None
+    return _read_file(path, _token_text_lengths)
+
+
+def _token_text_lengths(r: _Reader) -> list[int] | None:
+    _, n_kv = _head(r)
+    for _ in range(n_kv):
+        key = r.string(MAX_KEY_BYTES)
+        vtype = r.u32()
+        if key == TOKENS_KEY and vtype == GGUFValueType.ARRAY:
+            etype, count = r.u32(), r.u64()
+            if etype != GGUFValueType.STRING or count * 8 > r.size - r.pos:
+                return None
+            return r.string_lengths(count)
+        _value(r, vtype, key, None, 0)
+    return None
 
 
 def _head(r: _Reader) -> tuple[int, int]:

@@ -137,14 +137,8 @@ def test_a_small_body_is_decoded_on_the_loop_and_its_prompt_tokenized_off_it(
     assert len(tokenized) == 1 and set(tokenized).isdisjoint(loop_thread)
 
 
-def test_a_huge_input_is_refused_without_tokenizing_any_of_it(
-    daemon: LiveDaemon, client: httpx.Client, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """7 MiB over the context: refused from its text's length alone (`text_floor`), nothing tokenized;
-    just over the window, tokenized whole and the exact count given."""
-    r = client.post("/models/" + TINY_ID + "/load")
-    assert r.status_code == 200
-    model = daemon.daemon.models.get(TINY_ID)
+def count_tokenizing(model: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The length of each text `model` tokenizes as a prompt from now on (the real tokenizer still runs)."""
     tokenized: list[int] = []
     real = model.tokenize_prompt
 
@@ -153,6 +147,18 @@ def test_a_huge_input_is_refused_without_tokenizing_any_of_it(
         return real(text, **kwargs)
 
     monkeypatch.setattr(model, "tokenize_prompt", tokenize)
+    return tokenized
+
+
+def test_a_huge_input_is_refused_without_tokenizing_any_of_it(
+    daemon: LiveDaemon, client: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """7 MiB over the context: refused from its text's length alone (`text_floor`), nothing tokenized;
+    just over the window, tokenized whole and the exact count given."""
+    r = client.post("/models/" + TINY_ID + "/load")
+    assert r.status_code == 200
+    model = daemon.daemon.models.get(TINY_ID)
+    tokenized = count_tokenizing(model, monkeypatch)
     text = "hello world " * (7 * 2**20 // 12)
     r = client.post("/responses", json=body(text))
     assert r.status_code == 400 and r.json()["code"] == "context_length_exceeded" and r.json()["param"] == "input"
@@ -172,14 +178,7 @@ def test_a_huge_conversation_of_assistant_turns_is_probed(
     conversation huge in its assistant turns only is refused from its rendering's start (`token_floor`)."""
     assert client.post("/models/" + TINY_ID + "/load").status_code == 200
     model = daemon.daemon.models.get(TINY_ID)
-    tokenized: list[int] = []
-    real = model.tokenize_prompt
-
-    def tokenize(text: str, **kwargs: Any) -> list[int]:
-        tokenized.append(len(text))
-        return real(text, **kwargs)
-
-    monkeypatch.setattr(model, "tokenize_prompt", tokenize)
+    tokenized = count_tokenizing(model, monkeypatch)
     turns = [{"role": "user", "content": "Go on."}, {"role": "assistant", "content": "hello world " * 2**17}]
     r = client.post("/responses", json=body([*turns, {"role": "user", "content": "And?"}]))
     assert r.status_code == 400 and r.json()["code"] == "context_length_exceeded"
