@@ -299,13 +299,17 @@ def test_the_menu_shows_the_device_and_turns_ollamas_port_off_and_on(xsession, t
         assert httpx.get(f"http://127.0.0.1:{port}/", timeout=30).text == "Ollama is running"
 
         tray.choose(f"Ollama's port {port}")
-        tray.wait_item(f"Ollama's port {port}", check=lambda i: i["checked"] is False, what="the item unchecked")
-        assert tray.item(f"Ollama's port {port}")["text"] == f"Ollama's port {port}: off after a restart"
+        # Gtk ticks or clears a check item itself when it is chosen, before the tray rebuilds its
+        # menu from the new setting: wait for the label, which only the rebuild writes.
+        off = tray.wait_item(
+            f"Ollama's port {port}", check=lambda i: not i["text"].endswith(": on"), what="the new label"
+        )
+        assert off["text"] == f"Ollama's port {port}: off after a restart" and off["checked"] is False
         assert "ollama_port" not in tray.config_file.read_text() and "# mine" in tray.config_file.read_text()
 
         tray.choose(f"Ollama's port {port}")
-        tray.wait_item(f"Ollama's port {port}", check=lambda i: i["checked"] is True, what="the item checked")
-        assert tray.item(f"Ollama's port {port}")["text"] == f"Ollama's port {port}: on"
+        on = tray.wait_item(f"Ollama's port {port}", check=lambda i: i["text"].endswith(": on"), what="the label back")
+        assert on["text"] == f"Ollama's port {port}: on" and on["checked"] is True
         assert f"ollama_port = {port}" in tray.config_file.read_text()
         tray.choose("Quit", closes=False)
         assert tray.wait_exit(60) == 0
