@@ -81,23 +81,28 @@ def loads(raw: bytes) -> Any:
         raise InvalidRequest(f"The JSON body is nested deeper than {MAX_JSON_DEPTH} levels.") from None
     if flagged or _SURROGATE_ESCAPE.search(raw):
         _refuse_first_bad(value)
-    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and nesting(value) > MAX_JSON_DEPTH:
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and nesting(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
         raise InvalidRequest(f"The JSON body is nested deeper than {MAX_JSON_DEPTH} levels.")
     return value
 
 
-def nesting(value: Any) -> int:
-    """How deep lists and objects nest in a decoded JSON value (a scalar: 0), without recursion."""
-    best = 0
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
-        if children is None:
-            continue
-        best = max(best, depth)
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return best
+def nesting(value: Any, limit: int | None = None) -> int:
+    """How deep lists and objects nest in a decoded JSON value (a scalar: 0), without recursion; with
+    `limit`, the walk stops one level past it (the answer is then `limit + 1`).
+
+    One level at a time, each a list comprehension: an 8 MiB conversation of 23,000 messages took
+    118 ms walked node by node (a tuple and a generator per node), about a tenth of that this way."""
+    depth = 0
+    level = [value] if type(value) is dict or type(value) is list else []
+    while level and (limit is None or depth <= limit):
+        depth += 1
+        level = [
+            child
+            for node in level
+            for child in (node.values() if type(node) is dict else node)
+            if type(child) is dict or type(child) is list
+        ]
+    return depth
 
 
 def _refuse_first_bad(value: Any) -> None:
