@@ -90,11 +90,22 @@ ContentPart = Annotated[
 MEDIA_PARTS = (InputImagePart, InputAudioPart)
 
 
-class MessageItem(_Edge):
+class PlainMessageItem(_Edge):
+    """A message item checked by compiled code alone (`content` as a string or parts, no Python validator):
+    what the items of a long `input` are validated as first (`_validate_input`). `MessageItem` words
+    the errors."""
+
     type: Literal["message"] = "message"
     role: Literal["system", "developer", "user", "assistant"]
-    content: list[ContentPart]
+    content: str | list[ContentPart]
     id: str | None = None
+
+
+class MessageItem(PlainMessageItem):
+    """A message item whose errors are worded for a person (a string `content` becomes one text part; a
+    reserved content type is refused by name); it accepts exactly what `PlainMessageItem` does."""
+
+    content: list[ContentPart]
 
     @field_validator("content", mode="before")
     @classmethod
@@ -260,6 +271,12 @@ class ResponseCreate(_Edge):
 
 
 _INPUT_ITEMS: TypeAdapter[list[InputItem]] = TypeAdapter(list[InputItem], config=ConfigDict(strict=True))
+PlainInputItem = Annotated[
+    PlainMessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem, Field(discriminator="type")
+]
+_PLAIN_INPUT_ITEMS: TypeAdapter[list[PlainInputItem]] = TypeAdapter(
+    list[PlainInputItem], config=ConfigDict(strict=True)
+)
 
 
 def _validate_input(items: list[Any]) -> list[Any]:
@@ -267,15 +284,23 @@ def _validate_input(items: list[Any]) -> list[Any]:
 
     Validation runs in compiled code that holds the GIL throughout: 20,000 messages (an 8 MiB body)
     held it ~200 ms at once, and with it the event loop and every stream's next token. A large body
-    is validated on a worker thread; `time.sleep(0)` there hands the GIL back between batches."""
+    is validated on a worker thread; `time.sleep(0)` there hands the GIL back between batches.
+
+    Each batch is validated as `PlainInputItem`s first, without a Python call per message: 23,000
+    messages took 221 ms with `MessageItem`'s validator and 63 ms without it. A batch that fails is
+    validated again as `InputItem`s, whose first error is the one a client reads."""
     out: list[Any] = []
     for start in range(0, len(items), INPUT_BATCH):
         if start:
             time.sleep(0)
+        batch = items[start : start + INPUT_BATCH]
         try:
-            out.extend(_INPUT_ITEMS.validate_python(items[start : start + INPUT_BATCH]))
-        except ValidationError as exc:
-            raise request_error(exc, prefix=("input",), offset=start) from None
+            out.extend(_PLAIN_INPUT_ITEMS.validate_python(batch))
+        except ValidationError:
+            try:
+                out.extend(_INPUT_ITEMS.validate_python(batch))
+            except ValidationError as exc:
+                raise request_error(exc, prefix=("input",), offset=start) from None
     return out
 
 
@@ -453,8 +478,11 @@ def parse_response_create(body: Any) -> ResponseRequest:
     if edge.instructions:
         items.append(Message("system", edge.instructions))
     for n, item in enumerate(edge.input):
-        if isinstance(item, MessageItem):
+        if isinstance(item, PlainMessageItem):
             role = "system" if item.role == "developer" else item.role
+            if isinstance(item.content, str):
+                items.append(Message(role, item.content))
+                continue
             if any(isinstance(p, MEDIA_PARTS) for p in item.content):
                 items.append(_with_images(role, item.content, f"input[{n}].content"))
                 continue

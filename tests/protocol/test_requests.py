@@ -110,3 +110,60 @@ def test_a_requests_media_are_found_once_and_again_in_a_copy() -> None:
     parsed = parse_response_create({"model": "m", "input": [{"role": "user", "content": [audio]}]})
     assert parsed.images is parsed.images and len(parsed.images) == 1
     assert dataclasses.replace(parsed, items=[Message("user", "hi")]).images == []
+
+
+# Items of every shape, good and bad, that a long `input` (validated in batches as `PlainInputItem`s first)
+# must take or refuse exactly as a short one (validated whole, `MessageItem`'s validator wording errors).
+LONG_INPUT_GOOD = [
+    {"role": "developer", "content": "dev"},
+    {"role": "user", "content": ""},
+    {"role": "assistant", "content": [{"type": "output_text", "text": "a"}, {"type": "refusal", "refusal": "r"}]},
+    {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": "x"}, {"type": "text", "text": "y"}],
+    },
+    {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+    {"type": "function_call_output", "call_id": "c1", "output": [{"type": "output_text", "text": "4"}, {"text": "2"}]},
+    {"type": "reasoning", "summary": []},
+]
+LONG_INPUT_BAD = [
+    {"role": "user", "content": 5},
+    {"role": "user", "content": None},
+    {"role": "user", "content": [{"type": "input_file", "file_id": "f"}]},
+    {"role": "user", "content": [{"type": "input_text", "text": "ok"}, {"type": "image_url", "image_url": "u"}]},
+    {"role": "user", "content": [{"type": "input_text"}]},
+    {"role": "user", "content": [{"type": "nope", "text": "x"}]},
+    {"role": "user", "content": ["plain"]},
+    {"role": "robot", "content": "x"},
+    {"role": "robot", "content": [{"type": "input_file"}]},  # the role's error comes first, as in a short input
+    {"role": "user"},
+    {"type": "function_call_output", "call_id": "c1", "output": [{"text": 2}]},
+    {"type": "function_call", "call_id": "", "name": "f", "arguments": "{}"},
+    {"type": "message", "role": "user", "content": "x", "extra": 1, "id": 7},
+]
+
+
+def outcome(items: list) -> object:
+    try:
+        return parse_response_create({"model": "m", "input": items}).items
+    except (InvalidRequest, UnsupportedCapability) as exc:
+        return (type(exc), exc.code, exc.param, exc.detail)
+
+
+@pytest.mark.parametrize("item", LONG_INPUT_GOOD + LONG_INPUT_BAD)
+def test_a_long_input_takes_and_refuses_each_item_as_a_short_one_does(item: dict) -> None:
+    from lmsp_tray.protocol.requests import INPUT_BATCH
+
+    filler = [{"role": "user", "content": f"m{i}"} for i in range(2 * INPUT_BATCH)]
+    at = INPUT_BATCH + 5
+    short, long = outcome([item]), outcome([*filler[:at], item, *filler[at:]])
+    if isinstance(short, tuple):
+        assert isinstance(long, tuple), item
+        assert long == (
+            *short[:2],
+            short[2].replace("input[0]", f"input[{at}]"),
+            short[3].replace("input[0]", f"input[{at}]"),
+        )
+    else:
+        assert long[at : at + len(short)] == short and len(long) == len(filler) + len(short)
