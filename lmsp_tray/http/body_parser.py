@@ -14,14 +14,17 @@ every turn, so the bodies that stall streams are exactly the ones above it.
 
 Why the object comes back in pieces (`CHUNK_ITEMS`): unpickling the validated object is one C call that
 holds the service's lock throughout, 50-60 ms for the 23,000 messages of an 8 MiB conversation. Its long
-lists travel as separately pickled slices instead, unpickled one after another on a thread: between two
-slices (a few ms each) the lock passes to the threads that relay tokens.
+lists travel first, as slices pickled one after another into one stream by one pickler, and the object
+last: loaded one pickle at a time on a thread, the lock passes to the threads that relay tokens between
+two slices (a few ms each), and the object's own lists are then only references to what the slices
+brought.
 
-Why long strings come back once (`SHARED_CHARS`, `_Table`): what a parse returns holds each text of
-the body twice (the decoded body, kept for idempotency and storage, and the items made from it), and
-slices pickled apart share no memo, so each text travelled and was unpickled twice: 15.4 MB for a
-7.9 MiB body. Sent once, in a table of strings, it is 8.3 MB, and the service's copy holds each text
-once, as the worker's did.
+Why one pickler and one unpickler for all the pieces: what a parse returns holds each text of the body
+twice (the decoded body, kept for idempotency and storage, and the items made from it, which are the
+same `str` objects), and the pickle memo, shared by every piece of the stream, sends each object once:
+8.7 MB for a 7.9 MiB body, as the worker held it, and the service's copy holds each text once too.
+Nothing runs in Python per object on either side: with a `persistent_id` hook (which pickle calls for
+every object) the worker took 279 ms to pickle that body's object, against 85 ms without.
 
 Why at the lowest priority while a model decodes (`priority.aside`, `background`): the worker parses at
 full speed on a core the decode wants; with a stream decoding on both cores of a small machine, 8 MiB
@@ -53,7 +56,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, TypeVar
 
 from lmsp_tray.priority import BACKGROUND_INPUT_BYTES, aside, start_worker
@@ -74,84 +77,56 @@ def parse_body(parse: Callable[[Any], T], raw: bytes) -> T:
 
 
 CHUNK_ITEMS = 1000  # a list longer than this comes back as pickled slices of this many items
-SHARED_CHARS = 256  # a string this long or longer comes back once, however often the object holds it
+LIST_DEPTH = 3  # how deep in the object's fields and dicts long lists are looked for
 
 
-class _Slicing(pickle.Pickler):
-    """Pickles each long list as a list of separately pickled slices (`_Joining` puts it together), and
-    with a `table`, each long string as its index there (the table travels once, in `Sliced.strings`)."""
-
-    def __init__(self, file: io.BytesIO, table: _Table | None) -> None:
-        super().__init__(file, pickle.HIGHEST_PROTOCOL)
-        self.table = table
-
-    def persistent_id(self, obj: Any) -> Any:
-        if self.table is not None and type(obj) is str and len(obj) >= SHARED_CHARS:
-            return self.table.index(obj)
-        if type(obj) is list and len(obj) > CHUNK_ITEMS:
-            return [_dumps(obj[i : i + CHUNK_ITEMS], self.table) for i in range(0, len(obj), CHUNK_ITEMS)]
-        return None
-
-
-class _Table:
-    """The long strings of one object, each once: a body's texts are held twice in what a parse returns
-    (the decoded body and the items made from it), and slices pickled apart share no pickle memo."""
-
-    def __init__(self) -> None:
-        self.strings: list[str] = []
-        self._at: dict[int, int] = {}  # id -> index (the object being pickled keeps every string alive)
-
-    def index(self, text: str) -> int:
-        at = self._at.get(id(text))
-        if at is None:
-            at = self._at[id(text)] = len(self.strings)
-            self.strings.append(text)
-        return at
-
-
-class _Joining(pickle.Unpickler):
-    def __init__(self, file: io.BytesIO, strings: list[str] | None) -> None:
-        super().__init__(file)
-        self.strings = strings
-
-    def persistent_load(self, pid: Any) -> Any:
-        if type(pid) is int and self.strings is not None:
-            return self.strings[pid]
-        joined: list[Any] = []
-        for piece in pid:  # Python between the pieces: the interpreter lock can pass to other threads here
-            joined.extend(_loads(piece, self.strings))
-        return joined
-
-
-def _dumps(obj: Any, table: _Table | None = None) -> bytes:
-    out = io.BytesIO()
-    _Slicing(out, table).dump(obj)
-    return out.getvalue()
-
-
-def _loads(data: bytes, strings: list[str] | None = None) -> Any:
-    return _Joining(io.BytesIO(data), strings).load()
+def _long_lists(obj: Any, depth: int = LIST_DEPTH) -> list[list[Any]]:
+    """The lists of more than `CHUNK_ITEMS` items among `obj`'s fields and dict values, `depth` levels down
+    (a request's `items`, its body's `input`): a few attribute reads, never a walk of the items."""
+    if type(obj) is list:
+        return [obj] if len(obj) > CHUNK_ITEMS else []
+    if depth == 0:
+        return []
+    if type(obj) is dict:
+        children: Any = obj.values()
+    elif is_dataclass(obj) and not isinstance(obj, type):
+        children = [getattr(obj, f.name) for f in fields(obj)]
+    else:
+        return []
+    return [found for child in children for found in _long_lists(child, depth - 1)]
 
 
 @dataclass(frozen=True)
 class Sliced:
-    """A parsed body as it comes back: its long strings (a list, itself in slices), then the object."""
+    """A parsed body as it comes back: `slices` pickles of its long lists' slices, then the object, all
+    in one stream with one memo (each object in it travels once)."""
 
-    strings: bytes
-    obj: bytes
+    slices: int
+    data: bytes
 
     def load(self) -> Any:
-        return _loads(self.obj, _loads(self.strings))
+        """The object, read a pickle at a time: other threads may take the interpreter lock in between."""
+        unpickler = pickle.Unpickler(io.BytesIO(self.data))
+        for _ in range(self.slices):
+            unpickler.load()  # Python between the pieces: the lock can pass to other threads here
+        return unpickler.load()
 
 
 def _sliced(parse: Callable[[Any], Any], raw: bytes) -> Sliced:
-    table = _Table()
-    obj = _dumps(parse_body(parse, raw), table)
-    return Sliced(_dumps(table.strings), obj)
+    obj = parse_body(parse, raw)
+    out = io.BytesIO()
+    pickler = pickle.Pickler(out, pickle.HIGHEST_PROTOCOL)
+    slices = 0
+    for long in _long_lists(obj):
+        for i in range(0, len(long), CHUNK_ITEMS):
+            pickler.dump(long[i : i + CHUNK_ITEMS])
+            slices += 1
+    pickler.dump(obj)  # its long lists' items are in the memo now: references only
+    return Sliced(slices, out.getvalue())
 
 
 def sliced_parse_body(parse: Callable[[Any], Any], raw: bytes, background: bool = False) -> Sliced:
-    """`parse_body` in the worker, its object pickled with long lists in slices and long strings once
+    """`parse_body` in the worker, its object pickled with long lists in slices, each object once
     (`Sliced.load` reads it back); with `background`, as work that steps aside (`priority.aside`)."""
     return aside(_sliced, parse, raw) if background else _sliced(parse, raw)
 

@@ -221,9 +221,10 @@ def test_a_parsed_body_sends_each_long_text_back_once() -> None:
     sent = sliced_parse_body(parse_response_create, raw)
     back = sent.load()
     assert back == parse_body(parse_response_create, raw)
-    for i in (0, CHUNK_ITEMS + 1, len(texts) - 1):  # items and body are sliced apart: still one string each
+    for i in (0, CHUNK_ITEMS + 1, len(texts) - 1):  # items and body travel in slices: still one string each
         assert back.items[i].text is back.raw["input"][i]["content"]
-    assert len(sent.strings) + len(sent.obj) < 1.5 * sum(map(len, texts))  # not twice
+    assert len(sent.data) < 1.5 * sum(map(len, texts))  # not twice
+    assert sent.slices == 6  # the items and the body's input, three slices each
 
 
 def where_parsed(body: dict[str, str]) -> tuple[int, int]:
