@@ -368,7 +368,7 @@ def parse_message_create(body: Any, edge_model: type[MessageCreate] = MessageCre
         tool_choice=_tool_choice(edge.tool_choice, tools),
         raw=body,
         size=size,
-    )
+    ).settle()
     return AnthropicRequest(request, model=edge.model, thinking=thinking, left_out=left_out)
 
 

@@ -324,7 +324,7 @@ def parse_chat(body: Any) -> OllamaRun | Lifecycle:
         raw=body,
         size=size + schema_size(schema),
         **_sampling(edge),
-    )
+    ).settle()
     return OllamaRun(request, edge.model)
 
 
@@ -372,7 +372,7 @@ def parse_generate(body: Any) -> OllamaRun | Lifecycle:
         size=len(prompt) + len(edge.suffix or "") + len(edge.system or "") + schema_size(schema),
         completion=completion,
         **_sampling(edge),
-    )
+    ).settle()
     return OllamaRun(request, edge.model)
 
 

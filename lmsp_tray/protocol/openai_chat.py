@@ -351,7 +351,7 @@ def parse_chat_create(body: Any) -> ChatRequest:
         raw=body,
         size=size,
         logprobs=(edge.top_logprobs or 0) if edge.logprobs else None,
-    )
+    ).settle()
     return ChatRequest(
         request,
         include_usage=bool(edge.stream and edge.stream_options and edge.stream_options.include_usage),

@@ -391,6 +391,25 @@ class ResponseRequest:
         of the service's interpreter lock each time."""
         return [image for item in self.items if isinstance(item, Message) for image in item.images]
 
+    @cached_property
+    def text_chars(self) -> dict[str, int]:
+        """Each role's characters of message text, trimmed as templates trim a message, over the messages
+        without images or audio: what `serving.input_bounds.text_floor` counts."""
+        chars: dict[str, int] = {}
+        for item in self.items:
+            if type(item) is Message and not item.images:
+                chars[item.role] = chars.get(item.role, 0) + len(item.text.strip())
+        return chars
+
+    def settle(self) -> ResponseRequest:
+        """Work out now what the service asks of a large request's items (`images`, `text_chars`), where
+        its body is parsed: for a big body that is the worker process (`http.body_parser`), and the answers
+        travel with the object instead of costing the service's interpreter lock a walk of 23,000 items
+        each (about 5 ms). Returns the request."""
+        if self.large:
+            _ = (self.images, self.text_chars)  # cached properties: kept on the object, pickled with it
+        return self
+
     @property
     def large(self) -> bool:
         """True when preparing this request (render, tokenize, grammar) belongs off the event loop."""
@@ -533,4 +552,4 @@ def parse_response_create(body: Any) -> ResponseRequest:
         raw=body,
         input_items=input_items(body) if edge.store else [],
         size=size,
-    )
+    ).settle()

@@ -8,7 +8,7 @@ taken from the streams decoding beside it. Two proofs, the cheaper first:
   vocabulary's longest piece, so a conversation whose messages hold `window * longest` characters of
   text needs more than `window` tokens, whatever its template adds (templates render each system and
   user message's text, trimmed; none drops one). It costs a sum over the messages'
-  lengths (5 ms for 23,000 messages), against 35 ms of the service's interpreter lock to convert
+  lengths (5 ms for 23,000 messages, paid where the body was parsed: `ResponseRequest.settle`), against 35 ms of the service's interpreter lock to convert
   and start rendering them and 28-58 ms of the model process's CPU to tokenize the probe below
   (`benchmarks/loop_stall.py`'s 8 MiB bodies, `py-spy --gil`).
 - `token_floor`, on the rendered prompt's start: a prompt far over the window (more than
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from lmsp_tray.protocol.requests import Message, ResponseRequest
+from lmsp_tray.protocol.requests import ResponseRequest
 
 PROBE_CHARS_PER_TOKEN = 8  # a prompt over `window * this` characters is probed before it is tokenized whole
 PROBE_SLACK_TOKENS = 64  # what cutting a text in two can add to its tokens, and far more
@@ -53,9 +53,5 @@ def text_floor(request: ResponseRequest, longest_piece: int) -> int:
     over the most characters one token stands for (`longest_piece`, in bytes: never fewer than
     characters). Assistant turns are left out (a template may drop their reasoning), and so are
     messages with images (an image's marker becomes one slot, not its characters' tokens)."""
-    chars = sum(
-        len(item.text.strip())  # templates trim a message (Gemma's, and others)
-        for item in request.items
-        if type(item) is Message and item.role in RENDERED_ROLES and not item.images
-    )
+    chars = sum(request.text_chars.get(role, 0) for role in RENDERED_ROLES)  # worked out where it was parsed
     return -(-chars // max(1, longest_piece))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import dataclasses
 import json
 import os
 import threading
@@ -26,7 +27,7 @@ from lmsp_tray.protocol.ollama_requests import parse_chat, parse_embed, parse_ge
 from lmsp_tray.protocol.openai_chat import parse_chat_create
 from lmsp_tray.protocol.openai_completions import parse_completion_create
 from lmsp_tray.protocol.openai_requests import parse_openai_response_create
-from lmsp_tray.protocol.requests import parse_response_create
+from lmsp_tray.protocol.requests import LARGE_REQUEST_CHARS, parse_response_create
 
 MESSAGES = [
     {"role": "user", "content": "hi"},
@@ -287,3 +288,24 @@ def test_a_big_body_steps_aside_only_while_a_model_decodes(daemon: LiveDaemon, m
             done.set()
             streaming.join(120)
     assert asked == [False, True]
+
+
+def test_a_large_request_comes_back_with_its_summaries_worked_out_in_the_worker() -> None:
+    """What the service asks of a large request's items (`images`, `text_chars`) is worked out where the
+    body is parsed and travels with the object, for each API's chat shape; a small request leaves it to
+    the first who asks. The values are those a fresh copy works out."""
+    text = "the keeper lights the lamp " * (LARGE_REQUEST_CHARS // 20)
+    turns = [{"role": "user", "content": f"  {text} "}, {"role": "assistant", "content": "ok"}]
+    shapes = [
+        (parse_response_create, {"model": "m", "input": turns, "instructions": "sys"}, lambda r: r),
+        (parse_chat_create, {"model": "m", "messages": turns}, lambda r: r.request),
+        (parse_message_create, {"model": "m", "max_tokens": 5, "messages": turns}, lambda r: r.request),
+        (parse_chat, {"model": "m", "messages": turns}, lambda r: r.request),
+    ]
+    for parse, doc, request_of in shapes:
+        request = request_of(sliced_parse_body(parse, json.dumps(doc).encode()).load())
+        assert {"images", "text_chars"} <= set(vars(request)), parse.__name__
+        assert request.text_chars == dataclasses.replace(request).text_chars, parse.__name__
+        assert request.text_chars["user"] == len(text.strip()) and request.images == [], parse.__name__
+        small = request_of(parse({**doc, **({"input": "hi"} if "input" in doc else {"messages": turns[1:]})}))
+        assert not {"images", "text_chars"} & set(vars(small)), parse.__name__
