@@ -16,13 +16,13 @@ Why the object comes back in pieces (`CHUNK_ITEMS`): unpickling the validated ob
 holds the service's lock throughout, 50-60 ms for the 23,000 messages of an 8 MiB conversation. Its long
 lists travel first, as slices pickled one after another into one stream by one pickler, and the object
 last: loaded one pickle at a time on a thread, the lock passes to the threads that relay tokens between
-two slices (a few ms each), and the object's own lists are then only references to what the slices
+two slices (1-2 ms each), and the object's own lists are then only references to what the slices
 brought.
 
 Why one pickler and one unpickler for all the pieces: what a parse returns holds each text of the body
 twice (the decoded body, kept for idempotency and storage, and the items made from it, which are the
 same `str` objects), and the pickle memo, shared by every piece of the stream, sends each object once:
-8.7 MB for a 7.9 MiB body, as the worker held it, and the service's copy holds each text once too.
+9.0 MB for a 7.9 MiB body, as the worker held it, and the service's copy holds each text once too.
 Nothing runs in Python per object on either side: with a `persistent_id` hook (which pickle calls for
 every object) the worker took 279 ms to pickle that body's object, against 85 ms without.
 
