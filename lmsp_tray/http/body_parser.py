@@ -80,15 +80,20 @@ CHUNK_ITEMS = 1000  # a list longer than this comes back as pickled slices of th
 LIST_DEPTH = 3  # how deep in the object's fields and dicts long lists are looked for
 
 
-def _long_lists(obj: Any, depth: int = LIST_DEPTH) -> list[list[Any]]:
-    """The lists of more than `CHUNK_ITEMS` items among `obj`'s fields and dict values, `depth` levels down
-    (a request's `items`, its body's `input`): a few attribute reads, never a walk of the items."""
-    if type(obj) is list:
-        return [obj] if len(obj) > CHUNK_ITEMS else []
+def _long_lists(obj: Any, depth: int = LIST_DEPTH) -> list[Any]:
+    """The lists and tuples of more than `CHUNK_ITEMS` items among `obj`'s fields, dict values and tuple
+    items, `depth` levels down (a request's `items`, its body's `input`): a few attribute reads, never a
+    walk of the items. Sequences of numbers are left whole: the memo does not keep numbers, so their
+    slices would travel twice, and they unpickle at once anyway."""
+    kind = type(obj)
+    if (kind is list or kind is tuple) and len(obj) > CHUNK_ITEMS:
+        return [] if type(obj[0]) in (int, float) else [obj]
     if depth == 0:
         return []
-    if type(obj) is dict:
+    if kind is dict:
         children: Any = obj.values()
+    elif kind is tuple:
+        children = obj
     elif is_dataclass(obj) and not isinstance(obj, type):
         children = [getattr(obj, f.name) for f in fields(obj)]
     else:

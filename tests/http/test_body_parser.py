@@ -309,3 +309,26 @@ def test_a_large_request_comes_back_with_its_summaries_worked_out_in_the_worker(
         assert request.text_chars["user"] == len(text.strip()) and request.images == [], parse.__name__
         small = request_of(parse({**doc, **({"input": "hi"} if "input" in doc else {"messages": turns[1:]})}))
         assert not {"images", "text_chars"} & set(vars(small)), parse.__name__
+
+
+def test_long_lists_come_back_in_slices_from_every_parser() -> None:
+    """Each parser's object, whatever holds its long lists (a dataclass, a tuple, a dict), comes back in
+    slices that put it together equal; a long list of numbers travels whole (the memo keeps no numbers)."""
+    n = CHUNK_ITEMS + 5
+    turns = [{"role": "user", "content": f"m{i}"} for i in range(n)]
+    shapes = [
+        (parse_response_create, {"model": "m", "input": turns}),
+        (parse_openai_response_create, {"model": "m", "input": turns}),
+        (parse_chat_create, {"model": "m", "messages": turns}),
+        (parse_message_create, {"model": "m", "max_tokens": 5, "messages": turns}),
+        (parse_chat, {"model": "m", "messages": turns}),
+        (parse_embedding_create, {"model": "m", "input": [f"t{i}" for i in range(n)]}),
+        (parse_embed, {"model": "m", "input": [f"t{i}" for i in range(n)]}),
+    ]
+    for parse, doc in shapes:
+        raw = json.dumps(doc).encode()
+        sent = sliced_parse_body(parse, raw)
+        assert sent.slices >= 2 and sent.load() == parse_body(parse, raw), parse.__name__
+    numbers = json.dumps({"model": "m", "input": list(range(n))}).encode()
+    sent = sliced_parse_body(parse_embedding_create, numbers)
+    assert sent.slices == 0 and sent.load() == parse_body(parse_embedding_create, numbers)
