@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import socket
+import statistics
 import threading
 import time
 from urllib.parse import urlsplit
@@ -143,10 +144,12 @@ def main() -> None:
         run(url, headers, argparse.Namespace(**{**vars(args), "tokens": 16}), False)  # warm-up
         gaps: dict[bool, list[float]] = {False: [], True: []}
         probes: dict[bool, list[float]] = {False: [], True: []}
+        longest: dict[bool, list[float]] = {False: [], True: []}  # each decode's longest gap
         for r in range(args.rounds):
             for abuse in [False, True] if r % 2 == 0 else [True, False]:
                 got, took, report = run(url, headers, args, abuse)
                 gaps[abuse].extend(got)
+                longest[abuse].append(max(got))
                 probes[abuse].extend(took)
                 print(
                     f"round {r + 1} {'with abuse   ' if abuse else 'without abuse'}: {len(got)} gaps, "
@@ -166,6 +169,14 @@ def main() -> None:
     over = sum(1 for t in probes[True] if t > PROBE_LIMIT_S)
     print(f"\np99 inter-token gap with abuse / without: {ratio:.2f} (target <= 1.2)")
     print(f"health probes over {PROBE_LIMIT_S * 1000:.0f} ms with abuse: {over} of {len(probes[True])} (target 0)")
+    typical = {k: statistics.median(v) for k, v in longest.items()}
+    bound = 1.5 * typical[False] + 0.1
+    print(
+        f"longest gap of each decode, without abuse: {', '.join(f'{g:.2f}' for g in longest[False])} s; with: "
+        f"{', '.join(f'{g:.2f}' for g in longest[True])} s. Median with {typical[True]:.2f} s: "
+        f"{'within' if typical[True] <= bound else 'over'} 1.5x the median without + 0.1 s = {bound:.2f} s "
+        "(issue 27's target for big bodies: `--only bodies`)"
+    )
 
 
 if __name__ == "__main__":

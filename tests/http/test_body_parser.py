@@ -8,6 +8,7 @@ import ctypes
 import dataclasses
 import json
 import os
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,7 @@ from support import SLOW_ID, TINY_ID, LiveDaemon
 
 from lmsp_tray.errors import LMSPError
 from lmsp_tray.http import routes
-from lmsp_tray.http.body_parser import CHUNK_ITEMS, BodyParser, parse_body, sliced_parse_body
+from lmsp_tray.http.body_parser import CHUNK_ITEMS, PIPE_BYTES, BodyParser, parse_body, sliced_parse_body
 from lmsp_tray.priority import BACKGROUND_NICE
 from lmsp_tray.protocol.anthropic import parse_count_tokens, parse_message_create
 from lmsp_tray.protocol.embeddings import parse_embedding_create
@@ -332,3 +333,20 @@ def test_long_lists_come_back_in_slices_from_every_parser() -> None:
     numbers = json.dumps({"model": "m", "input": list(range(n))}).encode()
     sent = sliced_parse_body(parse_embedding_create, numbers)
     assert sent.slices == 0 and sent.load() == parse_body(parse_embedding_create, numbers)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pipe sizes are Linux's")
+def test_the_pipes_to_and_from_the_worker_hold_a_mebibyte() -> None:
+    """Bodies and objects of megabytes cross them in a few reads rather than one per 64 KiB."""
+    import fcntl
+
+    bodies = BodyParser()
+    try:
+        assert outcome(parse_response_create, b'{"model": "m", "input": "hi"}', bodies) == outcome(
+            parse_response_create, b'{"model": "m", "input": "hi"}', None
+        )
+        pool = bodies._pool
+        for end in (pool._call_queue._writer, pool._result_queue._reader):
+            assert fcntl.fcntl(end.fileno(), fcntl.F_GETPIPE_SZ) == PIPE_BYTES
+    finally:
+        bodies.close()
