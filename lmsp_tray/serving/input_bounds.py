@@ -7,9 +7,10 @@ taken from the streams decoding beside it. Two proofs, the cheaper first:
 - `text_floor`, before anything is rendered: no token stands for more characters than the
   vocabulary's longest piece, so a conversation whose messages hold `window * longest` characters of
   text needs more than `window` tokens, whatever its template adds (templates render each system and
-  user message's text, trimmed; none drops one). It costs a sum over the messages'
-  lengths (5 ms for 23,000 messages, paid where the body was parsed: `ResponseRequest.settle`), against 35 ms of the service's interpreter lock to convert
-  and start rendering them and 28-58 ms of the model process's CPU to tokenize the probe below
+  user message's text, trimmed; none drops one). It costs a sum over the messages' lengths
+  (5 ms for 23,000 messages, paid where the body was parsed: `ResponseRequest.settle`), against
+  35 ms of the service's interpreter lock to convert and start rendering them and 28-58 ms of the
+  model process's CPU to tokenize the probe below
   (`benchmarks/loop_stall.py`'s 8 MiB bodies, `py-spy --gil`).
 - `token_floor`, on the rendered prompt's start: a prompt far over the window (more than
   `PROBE_CHARS_PER_TOKEN` characters a token) is refused when its first characters alone are more
