@@ -1,6 +1,6 @@
 """Do big request bodies stall the streams already running? Inter-token gaps with and without them.
 
-    .venv/bin/python benchmarks/loop_stall.py [--streams 4] [--tokens 128] [--rounds 3] [--every 0.5] [--cpu-only]
+    .venv/bin/python benchmarks/loop_stall.py [--streams 4] [--tokens 128] [--rounds 3] [--every 0.5] [--sink] [--cpu-only]
 
 lmsp-tray serves the Gemma 3 270M file. Each round runs the same decode twice,
 in alternating order: `--streams` concurrent streaming responses (temperature
@@ -20,22 +20,42 @@ loop directly: a stalled loop answers nothing, whatever the decode does. Last,
 the CPU time each process (service, model process, body worker) spends on one
 body with nothing decoding: CPU seconds hardly depend on the machine's noise;
 gaps do.
+
+With `--sink`, each round runs the decode a third time while the same bodies go
+to a sink that only reads them (`body_sink.py`): the client's sending and the
+kernel's copying still take their CPU, no parse does. Its longest gaps are the
+floor that no work in the service can go under on this machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import itertools
 import json
 import os
 import random
 import statistics
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
-from common import GEMMA_ID, children, cpu_seconds, gemma_path, lmsp_service, physical_cores, print_table
+from common import (
+    GEMMA_ID,
+    children,
+    cpu_seconds,
+    free_port,
+    gemma_path,
+    lmsp_service,
+    physical_cores,
+    print_table,
+    wait_http,
+)
 from throughput import message
 
 BODY_BYTES = 8 * 2**20 - 64 * 1024  # just under the default max_request_bytes (8 MiB), headers aside
@@ -115,25 +135,51 @@ def probe(url: str, stop: threading.Event) -> list[float]:
     return took
 
 
-def run(url: str, headers: dict[str, str], args: argparse.Namespace, bodies: list[bytes] | None) -> tuple:
-    """One decode of `args.streams` streams; with `bodies`, one arrives every `args.every` s until it ends.
+def run(
+    url: str,
+    headers: dict[str, str],
+    args: argparse.Namespace,
+    bodies: list[bytes] | None,
+    to: str | None = None,
+    procs: dict[str, int] | None = None,
+) -> tuple:
+    """One decode of `args.streams` streams; with `bodies`, one arrives every `args.every` s until it ends,
+    at the service or at `to` (the sink's URL).
 
-    Returns the streams' inter-token gaps, the health probe's answer times and the bodies' answers."""
+    Returns the streams' inter-token gaps, the health probe's answer times, the bodies' answers and the
+    cores each of `procs` used on average while the streams decoded (CPU seconds per second; the bodies
+    still being answered after the decode are not counted)."""
     start = threading.Barrier(args.streams + 1)
     answered: list[cf.Future] = []
     stop = threading.Event()
     with cf.ThreadPoolExecutor(args.streams + 1) as pool, cf.ThreadPoolExecutor(16) as senders:
         streams = [pool.submit(stream_gaps, url, headers, i, args.tokens, start) for i in range(args.streams)]
         start.wait()
+        before = {name: cpu_seconds(pid) for name, pid in (procs or {}).items()}
+        began = time.perf_counter()
         probes = pool.submit(probe, url, stop)
         k = 0
         while bodies and not all(f.done() for f in streams):
-            answered.append(senders.submit(send, url, headers, bodies[k % len(bodies)]))
+            answered.append(senders.submit(send, to or url, headers, bodies[k % len(bodies)]))
             k += 1
             cf.wait(streams, timeout=args.every)
+        cf.wait(streams)
+        took = time.perf_counter() - began
+        cores = {name: (cpu_seconds(pid) - before[name]) / took for name, pid in (procs or {}).items()}
         gaps = [g for f in streams for g in f.result()]
         stop.set()
-    return gaps, probes.result(), [f.result() for f in answered]
+    return gaps, probes.result(), [f.result() for f in answered], cores
+
+
+def processes(service: int) -> dict[str, int]:
+    """The service's process ids by name: the service, its model process, its body worker (once started)."""
+    procs = {"service": service}
+    for kid, cmd in children(service).items():
+        if "lmsp_tray.runner.worker" in cmd:
+            procs["model process"] = kid
+        elif "multiprocessing" in cmd:
+            procs["body worker"] = kid
+    return procs
 
 
 def cpu_per_body(url: str, headers: dict[str, str], pid: int, bodies: list[bytes]) -> dict[str, float]:
@@ -142,21 +188,32 @@ def cpu_per_body(url: str, headers: dict[str, str], pid: int, bodies: list[bytes
     worker. CPU seconds, unlike gaps, hardly depend on what else the machine runs. Gaps after these come
     from a warmer service: `main` runs this last."""
     send(url, headers, bodies[0])  # the body worker starts at the first big body (and is then kept)
-    kids = children(pid)
-    procs = {"service": pid}
-    for kid, cmd in kids.items():
-        if "lmsp_tray.runner.worker" in cmd:
-            procs["model process"] = kid
-        elif "multiprocessing" in cmd:
-            procs["body worker"] = kid
+    procs = processes(pid)
     before = {name: cpu_seconds(k) for name, k in procs.items()}
     for raw in bodies:
         send(url, headers, raw)
     return {name: (cpu_seconds(k) - before[name]) / len(bodies) for name, k in procs.items()}
 
 
+@contextlib.contextmanager
+def body_sink() -> Iterator[tuple[str, int]]:
+    """`body_sink.py` in a process of its own (not this one, whose threads time the tokens): its URL and
+    process id."""
+    port = free_port()
+    sink = subprocess.Popen([sys.executable, str(Path(__file__).with_name("body_sink.py")), str(port)])
+    try:
+        wait_http(f"http://127.0.0.1:{port}/", timeout=30)
+        yield f"http://127.0.0.1:{port}", sink.pid
+    finally:
+        sink.terminate()
+        sink.wait()
+
+
 def p(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=1000, method="inclusive")[int(q * 1000) - 1] if len(values) > 1 else 0.0
+
+
+WITHOUT, WITH, SINK = "without bodies", "with 8 MiB bodies", "bodies to the sink"
 
 
 def main() -> None:
@@ -167,11 +224,14 @@ def main() -> None:
     ap.add_argument("--every", type=float, default=0.5, help="seconds between two bodies (default 0.5)")
     ap.add_argument("--threads", type=int, default=physical_cores())
     ap.add_argument("--cpu-only", action="store_true", help="only the CPU time per body (no decode, no gaps)")
+    ap.add_argument("--sink", action="store_true", help="a third run per round, the bodies sent to a sink")
     args = ap.parse_args()
 
     bodies = [big_body(seed) for seed in range(4)]
     print(f"{len(bodies)} distinct bodies of {min(map(len, bodies)) / 2**20:.2f} MiB, one every {args.every} s")
-    with lmsp_service(gemma_path(), threads=args.threads) as (url, service):
+    with contextlib.ExitStack() as stack:
+        url, service = stack.enter_context(lmsp_service(gemma_path(), threads=args.threads))
+        sink, sink_pid = stack.enter_context(body_sink()) if args.sink and not args.cpu_only else (None, 0)
         headers = url.headers
         deadline = time.monotonic() + 60
         while httpx.post(f"{url}/models/{GEMMA_ID}/load", headers=headers, timeout=300).status_code == 404:
@@ -182,31 +242,40 @@ def main() -> None:
             print_cpu(cpu_per_body(url, headers, service.pid, bodies * 2))
             return
         run(url, headers, argparse.Namespace(**{**vars(args), "tokens": 16}), None)  # warm-up
-        quiet: list[float] = []
-        loaded: list[float] = []
-        probes: dict[bool, list[float]] = {False: [], True: []}
+        send(url, headers, bodies[0])  # the body worker starts at the first big body (and is then kept)
+        arms = [WITHOUT, WITH] + ([SINK] if sink else [])
+        gaps_of: dict[str, list[float]] = {arm: [] for arm in arms}
+        probes: dict[str, list[float]] = {arm: [] for arm in arms}
+        longest: dict[str, list[float]] = {arm: [] for arm in arms}  # each decode's longest gap
         answered: list = []
-        longest: dict[bool, list[float]] = {False: [], True: []}  # each decode's longest gap
         for r in range(args.rounds):
-            order = [False, True] if r % 2 == 0 else [True, False]
-            for with_bodies in order:
-                gaps, took, got = run(url, headers, args, bodies if with_bodies else None)
-                (loaded if with_bodies else quiet).extend(gaps)
-                probes[with_bodies].extend(took)
-                longest[with_bodies].append(max(gaps))
-                answered.extend(got)
+            order = arms[r % len(arms) :] + arms[: r % len(arms)]
+            for arm in order:
+                procs = {**processes(service.pid), "this client": os.getpid()}
+                if sink:
+                    procs["sink"] = sink_pid
+                gaps, took, got, cores = run(
+                    url, headers, args, None if arm == WITHOUT else bodies, sink if arm == SINK else None, procs
+                )
+                gaps_of[arm].extend(gaps)
+                probes[arm].extend(took)
+                longest[arm].append(max(gaps))
+                if arm == WITH:
+                    answered.extend(got)
                 print(
-                    f"round {r + 1} {'with bodies   ' if with_bodies else 'without bodies'}: {len(gaps)} gaps, "
+                    f"round {r + 1} {arm:<22}: {len(gaps)} gaps, "
                     f"p50 {p(gaps, 0.5) * 1000:.1f} ms, p99 {p(gaps, 0.99) * 1000:.1f} ms, "
                     f"max {max(gaps) * 1000:.1f} ms; probe p99 {p(took, 0.99) * 1000:.1f} ms"
-                    + (f", {len(got)} bodies answered" if with_bodies else "")
-                    + f"; load average {os.getloadavg()[0]:.1f}",
+                    + (f", {len(got)} bodies answered" if arm != WITHOUT else "")
+                    + f"; load average {os.getloadavg()[0]:.1f}; cores used while decoding: "
+                    + ", ".join(f"{name} {used:.2f}" for name, used in cores.items()),
                     flush=True,
                 )
         cpu = cpu_per_body(url, headers, service.pid, bodies * 2)
+    quiet, loaded = gaps_of[WITHOUT], gaps_of[WITH]
     rows = [
         (name, str(len(g)), f"{p(g, 0.5) * 1000:.1f}", f"{p(g, 0.99) * 1000:.1f}", f"{max(g) * 1000:.1f}")
-        for name, g in (("without bodies", quiet), ("with 8 MiB bodies", loaded))
+        for name, g in gaps_of.items()
     ]
     rows += [
         (
@@ -216,7 +285,7 @@ def main() -> None:
             f"{p(t, 0.99) * 1000:.1f}",
             f"{max(t) * 1000:.1f}",
         )
-        for name, t in (("without bodies", probes[False]), ("with 8 MiB bodies", probes[True]))
+        for name, t in probes.items()
     ]
     print()
     print_table(rows, ("decode", "gaps / probes", "p50 ms", "p99 ms", "max ms"))
@@ -235,14 +304,13 @@ def main() -> None:
         f"longest gap with bodies {max(loaded):.2f} s, without {max(quiet):.2f} s: "
         f"{'within' if max(loaded) <= bound else 'over'} 1.5x without + 0.1 s = {bound:.2f} s (issue 27's target)"
     )
-    per_round = {k: ", ".join(f"{g:.2f}" for g in v) for k, v in longest.items()}
     typical = {k: statistics.median(v) for k, v in longest.items()}
+    for arm, each in longest.items():
+        print(f"longest gap of each decode, {arm}: {', '.join(f'{g:.2f}' for g in each)} s (median {typical[arm]:.2f})")
     print(
-        f"longest gap of each decode, without bodies: {per_round[False]} s; with: {per_round[True]} s. "
-        f"Median with {typical[True]:.2f} s against 1.5x the median without + 0.1 s = "
-        f"{1.5 * typical[False] + 0.1:.2f} s"
+        f"median with bodies {typical[WITH]:.2f} s against 1.5x the median without + 0.1 s = {1.5 * typical[WITHOUT] + 0.1:.2f} s"
     )
-    print(f"p99 health-probe answer with bodies / without: {p(probes[True], 0.99) / p(probes[False], 0.99):.2f}")
+    print(f"p99 health-probe answer with bodies / without: {p(probes[WITH], 0.99) / p(probes[WITHOUT], 0.99):.2f}")
     print_cpu(cpu)
 
 
