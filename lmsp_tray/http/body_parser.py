@@ -49,11 +49,13 @@ memory) is replaced at the next body, and the body that found it dead is parsed 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import io
 import multiprocessing
 import pickle
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, fields, is_dataclass
@@ -118,16 +120,36 @@ class Sliced:
 
 
 def _sliced(parse: Callable[[Any], Any], raw: bytes) -> Sliced:
-    obj = parse_body(parse, raw)
-    out = io.BytesIO()
-    pickler = pickle.Pickler(out, pickle.HIGHEST_PROTOCOL)
-    slices = 0
-    for long in _long_lists(obj):
-        for i in range(0, len(long), CHUNK_ITEMS):
-            pickler.dump(long[i : i + CHUNK_ITEMS])
-            slices += 1
-    pickler.dump(obj)  # its long lists' items are in the memo now: references only
+    with collector_paused():
+        obj = parse_body(parse, raw)
+        out = io.BytesIO()
+        pickler = pickle.Pickler(out, pickle.HIGHEST_PROTOCOL)
+        slices = 0
+        for long in _long_lists(obj):
+            for i in range(0, len(long), CHUNK_ITEMS):
+                pickler.dump(long[i : i + CHUNK_ITEMS])
+                slices += 1
+        pickler.dump(obj)  # its long lists' items are in the memo now: references only
     return Sliced(slices, out.getvalue())
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for one parse in the worker, and back as it was after.
+
+    A parse allocates about 10^5 containers (the decoded body, the validated items) that live until it
+    ends, and at the collector's default thresholds it walks them again and again meanwhile: 50 of 222 ms
+    of the worker's CPU for an 8 MiB body (`benchmarks/loop_stall.py`'s), CPU that on a small machine the
+    decode loses even at the idle scheduling class. The parse makes no cycles that outlive it; any it
+    made are in the youngest generation when the collector is back, and its next pass finds them. The
+    worker parses one body at a time and does nothing else, so no other work runs without a collector."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def sliced_parse_body(parse: Callable[[Any], Any], raw: bytes, background: bool = False) -> Sliced:

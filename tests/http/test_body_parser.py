@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import dataclasses
+import gc
 import json
 import os
 import sys
@@ -259,6 +260,28 @@ def test_a_parse_in_the_background_gives_the_same_object_or_error() -> None:
     assert sliced_parse_body(parse_response_create, raw, True).load() == parse_body(parse_response_create, raw)
     with pytest.raises(LMSPError, match="no"):
         sliced_parse_body(raises_in_the_background, b'{"why": "no"}', True)
+
+
+def collector_state(body: dict[str, str]) -> bool:
+    return gc.isenabled()
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_the_worker_parses_with_the_collector_off_and_gives_it_back_as_it_was(background: bool) -> None:
+    """The cyclic collector does not walk a parse's live objects (a fifth of the worker's CPU for an 8 MiB
+    body), and after the parse it is as before: on again, or still off, also when the parse failed."""
+    assert gc.isenabled()
+    assert sliced_parse_body(collector_state, b"{}", background).load() is False
+    assert gc.isenabled()
+    with pytest.raises(LMSPError, match="no"):
+        sliced_parse_body(raises_in_the_background, b'{"why": "no"}', background)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        assert sliced_parse_body(collector_state, b"{}", background).load() is False
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_a_big_body_steps_aside_only_while_a_model_decodes(daemon: LiveDaemon, monkeypatch: pytest.MonkeyPatch) -> None:
