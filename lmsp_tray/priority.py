@@ -13,6 +13,11 @@ its calls into llama.cpp, and a thread of the lowest priority that is preempted 
 decode's own thread. A thread of its own priority is for work that releases the lock (a process's only
 thread, or file writes).
 
+Why the decode must run in the same scheduling group as what steps aside: Linux shares the CPU between
+groups (a session each, autogroup) before it weighs threads, so the idle class yields only to threads of
+its own group. The model process therefore stays in the service's session (`engine.process`); in a
+session of its own it lost 0.36-0.40 of two cores to the idle-class parse of the body worker.
+
 Why only while there is a decode to step aside for (`aside`, chosen per piece of work): the idle class
 steps aside for every other program too. Beside two busy programs (a compile) on a 2-core machine, 50 ms
 of work took 7.8-8.5 s in the idle class and 0.17 s at normal priority; a coding agent's 300 KiB turn,

@@ -16,6 +16,20 @@ every job of this model ends with `model_crashed` saying what happened (from
 the exit signal and llama.cpp's last words on stderr), pending calls fail
 with it, and `on_exit` tells the model manager, which marks the model
 `error` and loads it again on the next request. Nothing else is touched.
+
+Why the model process has a process group of its own but stays in the
+service's session (`process_group=0`, not a new session): a terminal's
+Ctrl+C goes to the service's process group only (the service decides when a
+model ends), and on Linux the process stays in the service's scheduling
+group. Linux gives each session a group of its own (autogroup) and shares
+the CPU between groups before threads: the service's work that steps aside
+for the decode (`priority.aside`, the body worker's parse) yields only to
+threads of its own group. With the model process in a session of its own,
+the idle-class parse of 8 MiB bodies took 0.36-0.40 of two cores from a
+4-stream decode (the model process had 1.33 cores instead of 1.8, and the
+streams' longest gaps grew from 0.42 to 0.72-0.86 s, median of six
+decodes: `benchmarks/loop_stall.py`); in the service's session it takes
+0.04-0.05 and the decode keeps 1.73-1.76 cores.
 """
 
 from __future__ import annotations
@@ -134,7 +148,7 @@ class ModelProcess:
                 env=env,
                 bufsize=0,
                 close_fds=True,
-                start_new_session=sys.platform != "win32",  # a terminal's Ctrl+C is for the service alone
+                process_group=None if sys.platform == "win32" else 0,  # its own group, our session: see above
             )
         except OSError as exc:
             raise ModelLoadFailed(f"Could not start a process for '{entry.id}': {exc}") from None

@@ -58,6 +58,23 @@ def test_the_child_loads_the_plan_it_is_given(tiny_gguf: Path) -> None:
     assert model.exit_error is not None and model.exit_error.code == "service_unavailable"
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="sessions and process groups are POSIX")
+def test_the_child_shares_the_services_session_but_not_its_process_group(tiny_gguf: Path) -> None:
+    """A terminal's Ctrl+C (sent to the service's process group) does not reach the model process, and it
+    stays in the service's session, so on Linux in its scheduling group (autogroup): there the service's
+    idle-class work (the body worker) yields to the decode instead of taking a group's share of the CPU."""
+    entry = entry_for(tiny_gguf)
+    model = ModelProcess(entry, LoadOptions(threads=1), plan_load(entry, LoadOptions(), gpu_free_bytes=None, cores=1))
+    try:
+        assert os.getsid(model.pid) == os.getsid(0)
+        assert os.getpgid(model.pid) == model.pid != os.getpgid(0)
+        if os.path.exists(f"/proc/{model.pid}/autogroup"):
+            with open(f"/proc/{model.pid}/autogroup") as child, open("/proc/self/autogroup") as ours:
+                assert child.read().split()[0] == ours.read().split()[0]
+    finally:
+        model.close()
+
+
 def test_cancel_crosses_the_pipe_and_a_drained_close_finishes_running_work(slow_gguf: Path) -> None:
     entry = entry_for(slow_gguf, "slow")
     model = ModelProcess(
