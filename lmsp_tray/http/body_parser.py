@@ -138,11 +138,12 @@ def collector_paused() -> Iterator[None]:
     """The cyclic garbage collector off for one parse in the worker, and back as it was after.
 
     A parse allocates about 10^5 containers (the decoded body, the validated items) that live until it
-    ends, and at the collector's default thresholds it walks them again and again meanwhile: 50 of 222 ms
-    of the worker's CPU for an 8 MiB body (`benchmarks/loop_stall.py`'s), CPU that on a small machine the
-    decode loses even at the idle scheduling class. The parse makes no cycles that outlive it; any it
-    made are in the youngest generation when the collector is back, and its next pass finds them. The
-    worker parses one body at a time and does nothing else, so no other work runs without a collector."""
+    ends, and at the collector's default thresholds it walks them again and again meanwhile: 50 of 222
+    ms of the worker's CPU for an 8 MiB body (`benchmarks/loop_stall.py`'s). While a decode runs, that
+    CPU comes out of the cycles the decode leaves, so the body's answer waits for it. The parse makes no
+    cycles that outlive it; any it made are in the youngest generation when the collector is back, and
+    its next pass finds them. The worker parses one body at a time and does nothing else, so no other
+    work runs without a collector."""
     was = gc.isenabled()
     gc.disable()
     try:
