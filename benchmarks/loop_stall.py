@@ -1,6 +1,7 @@
 """Do big request bodies stall the streams already running? Inter-token gaps with and without them.
 
-    .venv/bin/python benchmarks/loop_stall.py [--streams 4] [--tokens 128] [--rounds 3] [--every 0.5] [--sink] [--cpu-only]
+    .venv/bin/python benchmarks/loop_stall.py [--streams 4] [--tokens 128] [--rounds 3] [--every 0.5]
+        [--sink] [--cpu-only]
 
 lmsp-tray serves the Gemma 3 270M file. Each round runs the same decode twice,
 in alternating order: `--streams` concurrent streaming responses (temperature
@@ -308,7 +309,8 @@ def main() -> None:
     for arm, each in longest.items():
         print(f"longest gap of each decode, {arm}: {', '.join(f'{g:.2f}' for g in each)} s (median {typical[arm]:.2f})")
     print(
-        f"median with bodies {typical[WITH]:.2f} s against 1.5x the median without + 0.1 s = {1.5 * typical[WITHOUT] + 0.1:.2f} s"
+        f"median with bodies {typical[WITH]:.2f} s against 1.5x the median without + 0.1 s = "
+        f"{1.5 * typical[WITHOUT] + 0.1:.2f} s"
     )
     print(f"p99 health-probe answer with bodies / without: {p(probes[WITH], 0.99) / p(probes[WITHOUT], 0.99):.2f}")
     print_cpu(cpu)

@@ -167,8 +167,9 @@ def _widen_pipes(pool: ProcessPoolExecutor) -> None:
 
     A pipe holds 64 KiB by default, so 9 MB cross it in 140 reads, each of which allocates a buffer
     for all that remains: the service's reading thread took 17 ms of CPU per 9 MB read, 10 ms through
-    a pipe of 1 MiB (in isolation; end to end it is within the noise of `loop_stall.py --cpu-only`). The pipes are the executor's own (`_call_queue`, `_result_queue`, not
-    public): where they are not there, or not pipes, nothing changes but this speed."""
+    a pipe of 1 MiB (in isolation; end to end it is within the noise of `loop_stall.py --cpu-only`).
+    The pipes are the executor's own (`_call_queue`, `_result_queue`, not public): where they are not
+    there, or not pipes, nothing changes but this speed."""
     try:
         import fcntl  # not on Windows
 
