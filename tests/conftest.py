@@ -16,6 +16,7 @@ import httpx
 import pytest
 from gguf_factory import write_tiny_gguf
 from secret_audit import secret_audit  # noqa: F401 — autouse: no issued secret in any file the run wrote
+from socket_origins import pytest_configure  # noqa: F401 — an unclosed socket's failure names who connected it
 from support import LiveDaemon, isolated_env, link_models, start_daemon
 from vulkan_support import mark_vulkan_tests
 

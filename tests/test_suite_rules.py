@@ -8,6 +8,7 @@ Each file runs in a real pytest subprocess under this checkout's configuration.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,12 +36,14 @@ BROKEN = {
 }
 
 
-def run_pytest(folder: Path, source: str) -> subprocess.CompletedProcess:
+def run_pytest(folder: Path, source: str, *options: str) -> subprocess.CompletedProcess:
     test = folder / "test_rule.py"
     test.write_text(source)
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "-p", "no:cacheprovider", "-q", str(test)],
+        [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "-p", "no:cacheprovider", "-q"]
+        + [*options, str(test)],
         cwd=folder,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "tests")},
         capture_output=True,
         text=True,
         timeout=120,
@@ -57,3 +60,33 @@ def test_the_rules_fail_the_test(tmp_path: Path, case: str) -> None:
     source, says = BROKEN[case]
     out = run_pytest(tmp_path, source)
     assert out.returncode != 0 and says in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+LEAK = """import gc
+import socket
+
+
+def test_leaks():
+    gc.disable()  # nothing collects the cycle until the next test does
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    cycle = [client]
+    cycle.append(cycle)
+    server.close()
+
+
+def test_bystander():
+    gc.enable()
+    gc.collect()
+"""
+
+
+def test_an_unclosed_socket_fails_a_later_test_which_names_the_test_and_line_that_connected_it(tmp_path: Path) -> None:
+    """The collector finds a leaked socket in whichever test it runs; socket_origins.py (conftest.py loads it)
+    adds to that failure the test that was running when the socket connected and the line that did it."""
+    out = run_pytest(tmp_path, LEAK, "-p", "socket_origins")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "1 failed, 1 passed" in text and "::test_bystander - " in text, text
+    section = text[text.index("socket origin") :]
+    assert "::test_leaks ran, in thread 'MainThread', from:" in section, text
+    assert "test_rule.py:8 in test_leaks" in section, text
