@@ -14,14 +14,14 @@ import re
 import socket
 import threading
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
+from support import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+OURS = (f"{ROOT / 'lmsp_tray'}/", f"{ROOT / 'tests'}/")  # code objects carry absolute file names
 LOCAL_PORT = re.compile(r"<socket\.socket [^>]*laddr=\('[^']*', (\d+)")
 
 
@@ -39,7 +39,7 @@ def _lines() -> tuple[str, ...]:
     """The frames of this checkout that led to the connect, innermost last, with the first frame outside it
     below them (the library call that opened the socket)."""
     frames = traceback.extract_stack()[:-3]  # without _lines, _note and the patched connect
-    ours = [f for f in frames if Path(f.filename).resolve().is_relative_to(ROOT) and "/.venv" not in f.filename]
+    ours = [f for f in frames if f.filename.startswith(OURS)]
     if not ours:
         return tuple(f"  {f.filename}:{f.lineno} in {f.name}" for f in frames[-6:])
     last = frames.index(ours[-1])
@@ -54,10 +54,10 @@ class SocketOrigins:
     def __init__(self) -> None:
         self.test = "(no test: collection or a session fixture)"
         self.by_port: dict[int, Origin] = {}
-        self._undo: Callable[[], None] | None = None
+        self._plain = (socket.socket.connect, socket.socket.connect_ex)
 
     def install(self) -> None:
-        plain_connect, plain_connect_ex = socket.socket.connect, socket.socket.connect_ex
+        plain_connect, plain_connect_ex = self._plain
         note = self._note
 
         def connect(sock: socket.socket, address: Any) -> None:
@@ -73,15 +73,8 @@ class SocketOrigins:
 
         socket.socket.connect, socket.socket.connect_ex = connect, connect_ex  # type: ignore[method-assign]
 
-        def undo() -> None:
-            socket.socket.connect, socket.socket.connect_ex = plain_connect, plain_connect_ex  # type: ignore[method-assign]
-
-        self._undo = undo
-
     def uninstall(self) -> None:
-        if self._undo is not None:
-            self._undo()
-            self._undo = None
+        socket.socket.connect, socket.socket.connect_ex = self._plain  # type: ignore[method-assign]
 
     def _note(self, sock: socket.socket) -> None:
         if sock.family not in (socket.AF_INET, socket.AF_INET6):

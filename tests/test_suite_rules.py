@@ -43,7 +43,10 @@ def run_pytest(folder: Path, source: str, *options: str) -> subprocess.Completed
         [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "-p", "no:cacheprovider", "-q"]
         + [*options, str(test)],
         cwd=folder,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "tests")},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")])),
+        },
         capture_output=True,
         text=True,
         timeout=120,
@@ -89,4 +92,5 @@ def test_an_unclosed_socket_fails_a_later_test_which_names_the_test_and_line_tha
     assert out.returncode != 0 and "1 failed, 1 passed" in text and "::test_bystander - " in text, text
     section = text[text.index("socket origin") :]
     assert "::test_leaks ran, in thread 'MainThread', from:" in section, text
-    assert "test_rule.py:8 in test_leaks" in section, text
+    line = LEAK.splitlines().index("    client = socket.create_connection(server.getsockname())") + 1
+    assert f"test_rule.py:{line} in test_leaks" in section, text
