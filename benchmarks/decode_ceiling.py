@@ -59,7 +59,7 @@ class Ceiling:
         n = llama_cpp.llama_tokenize(self.vocab, raw, len(raw), buf, len(buf), True, True)
         return list(buf[:n])
 
-    def _decode(self, items: list[tuple[int, int, int, bool]]) -> None:
+    def decode(self, items: list[tuple[int, int, int, bool]]) -> None:
         """One `llama_decode` of (token, position, sequence, wants logits) items."""
         b = self.batch
         for i, (token, pos, seq, logits) in enumerate(items):
@@ -69,7 +69,7 @@ class Ceiling:
         if llama_cpp.llama_decode(self.ctx, b) != 0:
             raise RuntimeError("llama_decode failed")
 
-    def _argmax(self, i: int) -> int:
+    def argmax(self, i: int) -> int:
         logits = llama_cpp.llama_get_logits_ith(self.ctx, i)
         return int(np.ctypeslib.as_array(ctypes.cast(logits, ctypes.POINTER(ctypes.c_float)), (self.n_vocab,)).argmax())
 
@@ -85,8 +85,8 @@ class Ceiling:
         nexts: dict[int, int] = {}
         for at in range(0, len(items), 512):
             chunk = items[at : at + 512]
-            self._decode(chunk)
-            nexts.update((seq, self._argmax(i)) for i, (_, _, seq, logits) in enumerate(chunk) if logits)
+            self.decode(chunk)
+            nexts.update((seq, self.argmax(i)) for i, (_, _, seq, logits) in enumerate(chunk) if logits)
         positions = {s: len(e) for s, e in enumerate(encoded)}
         self.outputs = {s: [t] for s, t in nexts.items()}  # each sequence's tokens, for a check of the text
         produced = dict.fromkeys(nexts, 1)
@@ -95,10 +95,10 @@ class Ceiling:
             live = [s for s in nexts if produced[s] < tokens and not self._ends(nexts[s])]
             if not live:
                 break
-            self._decode([(nexts[s], positions[s], s, True) for s in live])
+            self.decode([(nexts[s], positions[s], s, True) for s in live])
             for i, s in enumerate(live):
                 positions[s] += 1
-                nexts[s] = self._argmax(i)
+                nexts[s] = self.argmax(i)
                 self.outputs[s].append(nexts[s])
                 produced[s] += 1
                 out += not self._ends(nexts[s])
