@@ -5,11 +5,10 @@ passage — repeats stretches of its own context. `PromptLookup` finds the
 longest recent n-gram (24, 12, 4, then 3 tokens) that ends the sequence so far and
 also occurs earlier in it (prompt or output), and proposes the tokens that
 followed that earlier occurrence as a draft. A long match is a passage being
-copied: it drafts long at once (48 tokens after 12 matched, 62 after 24, as
-llama.cpp's `ngram-mod`, which drafts only after 24), even while short drafts
-are paused, so copying resumes a few tokens after each edit; and the 24-token
-context picks the right one of several places where the last 12 tokens occur
-(boilerplate in code). Where that earlier occurrence is only a few tokens back
+copied: it drafts long at once (24 tokens after 12 matched, 32 after 24), even
+while short drafts are paused, so copying resumes a few tokens after each edit;
+and the 24-token context picks the right one of several places where the last
+12 tokens occur (boilerplate in code). Where that earlier occurrence is only a few tokens back
 (the output is going round a loop), a stream decoding alone drafts on around the
 loop (`_around`). The scheduler decodes the
 sequence's next token and the draft in the same batch as every other
@@ -42,17 +41,23 @@ from typing import Protocol
 NGRAMS = (24, 12, 4, 3)  # match lengths tried, longest first (2-grams recur by chance in free text)
 MAX_DRAFT = 16
 # A 12-token match is a passage being copied: its draft may be this long at once, whatever the
-# adaptive length or a pause (llama-server's ngram-simple drafts 48 after a 12-token match). On a
-# quiet machine that took a 600-token edit from 0.84x to 1.06x of ngram-simple's speed, a code edit
-# from 0.60x to 1.01x (benchmarks/edit_workload.py --quick).
+# adaptive length or a pause. Before long drafts (16 at most) a 600-token edit ran at 0.84x, a code
+# edit at 0.60x of llama-server's ngram-simple (which drafts 48 after a 12-token match).
 LONG_NGRAM = 12
-LONG_DRAFT = 48
-# After 24 matched tokens, as llama.cpp's ngram-mod (n_match 24): surer still, and longer. Not
-# ngram-mod's 64: with the next token that feeds 65 positions of one sequence, and llama.cpp's CPU
-# flash attention takes a tiled kernel from 64 queries of a sequence on (GGML_FA_TILE_Q), rounding
-# differently from the one-query path a plain decode takes. 62 drafted + 1 keeps every step under 64.
+# After 24 matched tokens (llama.cpp's ngram-mod matches 24 and drafts 48-64): surer, so longer.
 LONGER_NGRAM = 24
-LONGER_DRAFT = 62
+# How long: each drafted token costs a third of a plain step or more on a CPU (one row more through
+# every matrix, the output layer's 262k rows on Gemma 3), kept or not, while a step saved saves its
+# fixed part. A draft runs past where a copied passage ends (the edit, the end of the text) by up to
+# its length, so long drafts waste the most where runs are short. Replayed on the edit workload's
+# own greedy texts and priced with this machine's measured decode costs (`benchmarks/spec_replay.py`:
+# the same text for every drafter, no load), 24 and 32 beat the 48 and 62 used before on every
+# document, with the per-token cost as measured (AVX-512), at a third of it, and equal to a step's
+# fixed part: 1.06-1.18x against 1.01-1.07x llama.cpp's best n-gram drafter. Both stay under the 64
+# queries of one sequence where llama.cpp's CPU flash attention takes a tiled kernel that rounds
+# differently from a plain decode (GGML_FA_TILE_Q).
+LONG_DRAFT = 24
+LONGER_DRAFT = 32
 FIRST_DRAFT = 2
 MISSES_BEFORE_PAUSE = 2  # verifications in a row that kept nothing
 FIRST_PAUSE = 8  # steps without drafting after that; doubles each time, up to MAX_PAUSE

@@ -24,6 +24,8 @@ from lmsp_tray.runner.model import LlamaModel, LoadOptions
 from lmsp_tray.runner.runtime import Runtime
 from lmsp_tray.runner.speculation import (
     FIRST_PAUSE,
+    LONG_DRAFT,
+    LONGER_DRAFT,
     MAX_DRAFT,
     MISSES_BEFORE_PAUSE,
     Drafting,
@@ -268,36 +270,39 @@ def test_a_sequence_repeating_itself_drafts_around_its_loop() -> None:
 def test_a_copied_passage_drafts_long_at_once() -> None:
     passage = list(range(100, 180))  # 80 tokens, then its first 12 again: a passage being copied
     lookup = PromptLookup([*passage, 1, 2, *passage[:12]])
-    assert lookup.draft(2, 48) == passage[12:60]  # a 12-token match: up to the long limit
-    assert lookup.draft(2) == passage[12:14]  # without one: the adaptive limit
+    assert MAX_DRAFT < LONG_DRAFT < LONGER_DRAFT < 63  # under 64 queries with the next token (see the module)
+    assert lookup.draft(2, 100) == passage[12 : 12 + LONG_DRAFT]  # a 12-token match: the long length
+    assert lookup.draft(2, 10) == passage[12:22]  # within the room given
+    assert lookup.draft(2) == passage[12:14]  # without room for one: the adaptive limit
     short = PromptLookup([*passage, 1, 2, *passage[8:12]])
-    assert short.draft(2, 48) == passage[12:14]  # a 4-token match stays short
+    assert short.draft(2, 100) == passage[12:14]  # a 4-token match stays short
 
 
 def test_a_24_token_match_picks_its_passage_and_drafts_longer() -> None:
     """As llama.cpp's ngram-mod: 24 matched tokens choose among the places the last 12 occur, and draft
-    62 (with the next token, under the 64 queries where llama.cpp's CPU attention changes kernel)."""
+    longer than after 12."""
     passage = list(range(100, 200))  # 100 tokens; later its tokens 12..23 recur, followed by others
     lookup = PromptLookup([*passage, 1, *passage[12:24], 7, 8, 9, 2, *passage[:24]])
-    assert lookup.draft(2, 100) == passage[24:86]  # not [7, 8, 9, ...] after the later 12-token occurrence
-    assert lookup.draft(2, 30) == passage[24:54]  # within the room given
+    assert lookup.draft(2, 100) == passage[24 : 24 + LONGER_DRAFT]  # not [7, 8, 9, ...] after the later 12
+    assert lookup.draft(2, 20) == passage[24:44]  # within the room given
     twelve = PromptLookup([*passage, 1, *passage[12:24], 7, 8, 9, 2, 5, *passage[12:24]])
-    loop = [7, 8, 9, 2, 5, *passage[12:24]]  # 12 matched: the latest place, up to 48 (around the loop it closes)
+    loop = [7, 8, 9, 2, 5, *passage[12:24]]  # 12 matched: the latest place (around the loop it closes)
     assert twelve.draft(2, 100) == loop
-    assert twelve.draft(2, 100, loop=True) == (loop * 3)[:48]
+    assert twelve.draft(2, 100, loop=True) == (loop * 3)[:LONG_DRAFT]
 
 
 def test_a_long_match_drafts_while_short_drafts_are_paused() -> None:
     passage = list(range(100, 180))
     lookup = PromptLookup([*passage, 1, 2, *passage[:12]])
-    assert lookup.draft(0, 48) == passage[12:60]  # limit 0: short drafts paused, a copied passage is not
+    # limit 0: short drafts paused, a copied passage is not
+    assert lookup.draft(0, 100) == passage[12 : 12 + LONG_DRAFT]
     short = PromptLookup([*passage, 1, 2, *passage[8:12]])
-    assert short.draft(0, 48) == []
+    assert short.draft(0, 100) == []
     drafting = Drafting()
     for _ in range(MISSES_BEFORE_PAUSE):
         drafting.record(drafting.limit(), 0)
     assert drafting.limit() == 0
-    drafting.record(48, 48)  # that long draft was taken whole: the pause ends
+    drafting.record(LONG_DRAFT, LONG_DRAFT)  # that long draft was taken whole: the pause ends
     assert drafting.limit() > 0
 
 
