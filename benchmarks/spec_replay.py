@@ -1,6 +1,6 @@
 """Drafting policies compared on the very same text, priced by this machine's own kernels.
 
-    .venv/bin/python benchmarks/spec_replay.py [--tokens 600] [--variants 3] [--reps 5]
+    .venv/bin/python benchmarks/spec_replay.py [--tokens 600] [--variants 3] [--reps 7] [--price 10,10]
 
 Why: `edit_workload.py` runs the servers themselves, and its rounds swing for two reasons that have
 nothing to do with how well a drafter drafts: the machine's load, and greedy texts that part from
@@ -11,15 +11,21 @@ different texts. This script takes both away. For each document of the edit work
    one token a step, the same text llama-server gives without drafting);
 2. measures what one `llama_decode` of `n` tokens after the first document's prompt, all with
    logits, costs on this machine (the verification of an `n - 1`-token draft; the median of
-   `--reps`), for the sizes drafts take. llama-server's verifications run the same llama.cpp kernels: a C++ program timing
-   the same decodes against llama-server's static build and against the service's libllama gave
-   the same times within 5% (`benchmarks/README.md`, 3 December 2026);
+   `--reps`), for the sizes drafts take. llama-server's verifications run the same llama.cpp
+   kernels: `verify_cost.cpp`, timing the same decodes built against llama-server's static build
+   and against the service's libllama, gave the same times within run-to-run noise
+   (`benchmarks/README.md`, 3 December 2026);
 3. replays each drafter over the reference text: lmsp-tray's `PromptLookup` and `Drafting` (the
    service's own code, imported), llama.cpp's `ngram-simple` (12-token match, 48-token draft) and
    `ngram-mod` (24-token keys in a table shared across requests; first ask, and asked again with
    the table from the first), each step verifying its draft against the reference and keeping the
    agreeing prefix plus one token, as the servers do;
 4. prices each replay with the measured costs: decode seconds, and tokens per second.
+
+`--price FIXED_MS,TOKEN_MS` prices decodes on a line instead of measuring: another CPU's balance
+between a step's fixed part and a token's cost (where a drafted token is dearer, as on a CPU with
+fewer vector units, long drafts that overrun cost more). The step counts and the drafted and kept
+tokens do not depend on the CPU; only this price does.
 
 What it leaves out: each server's own per-step work around the decode (the service's Python
 scheduler and relay, llama-server's C++ loop), which `edit_workload.py` measures end to end. What it
@@ -225,6 +231,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=600)
     parser.add_argument("--variants", type=int, default=3, help="documents of each kind (as edit_workload.py)")
     parser.add_argument("--reps", type=int, default=7, help="timings of each decode size")
+    parser.add_argument(
+        "--price",
+        metavar="FIXED_MS,TOKEN_MS",
+        help="price decodes as FIXED_MS + TOKEN_MS per token instead of measuring (another CPU's balance)",
+    )
     args = parser.parse_args()
     threads = physical_cores()
     print(f"CPU: {cpu_line()}; {threads} threads", flush=True)
@@ -240,6 +251,9 @@ def main() -> None:
                 out = ceiling.outputs[0]
                 if len(out) < 2:
                     continue
+                if cost is None and args.price:
+                    fixed, token = (float(x) / 1e3 for x in args.price.split(","))
+                    cost = Costs({n: fixed + token * n for n in SIZES})
                 if cost is None:  # the documents' prompts are of one length (330-350 tokens): measured once
                     cost = measure_costs(ceiling, prompt, args.reps)
                 plain = 1 / cost(1)

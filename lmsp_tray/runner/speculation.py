@@ -52,8 +52,8 @@ LONGER_NGRAM = 24
 # its length, so long drafts waste the most where runs are short. Replayed on the edit workload's
 # own greedy texts and priced with this machine's measured decode costs (`benchmarks/spec_replay.py`:
 # the same text for every drafter, no load), 24 and 32 beat the 48 and 62 used before on every
-# document, with the per-token cost as measured (AVX-512), at a third of it, and equal to a step's
-# fixed part: 1.06-1.18x against 1.01-1.07x llama.cpp's best n-gram drafter. Both stay under the 64
+# document: 1.03-1.14x llama.cpp's best n-gram drafter against 1.00-1.05x (AVX-512, a token 0.34 of
+# a step); so they did with a token priced at half a step and at a fifth of one. Both stay under the 64
 # queries of one sequence where llama.cpp's CPU flash attention takes a tiled kernel that rounds
 # differently from a plain decode (GGML_FA_TILE_Q).
 LONG_DRAFT = 24
