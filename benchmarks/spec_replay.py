@@ -49,7 +49,7 @@ from edit_workload import KINDS, messages, render
 
 from lmsp_tray.runner.speculation import Drafting, PromptLookup
 
-# Decode sizes timed (1 = a plain step); costs in between are interpolated.
+# Decode sizes timed (1 = a plain step); `Costs` interpolates below LINE_FROM and fits a line from it.
 SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 49, 52, 56, 60, 62, 63, 64, 65)
 LINE_FROM = 8  # from this many tokens on, a decode's cost is a line (fixed part + per token)
 SIMPLE_MATCH, SIMPLE_DRAFT = 12, 48  # llama.cpp's ngram-simple defaults (common.h)
@@ -114,7 +114,8 @@ def replay(
     out: list[int], cost: Costs, draft: Callable[[int], list[int]], told: Callable[[list[int], int], None]
 ) -> Replay:
     """Decode `out` (the reference) step by step: `draft(room)` proposes, the reference verifies, the
-    agreeing prefix and one more token are kept; `told(emitted, kept)` hears what each step kept."""
+    agreeing prefix and one more token are kept; `told(emitted, proposed)` hears what each step
+    emitted and how many tokens it had drafted."""
     r, i = Replay(), 1  # out[0] came from the prompt's evaluation
     while i < len(out):
         proposed = draft(len(out) - i - 1)

@@ -8,9 +8,9 @@ followed that earlier occurrence as a draft. A long match is a passage being
 copied: it drafts long at once (24 tokens after 12 matched, 32 after 24), even
 while short drafts are paused, so copying resumes a few tokens after each edit;
 and the 24-token context picks the right one of several places where the last
-12 tokens occur (boilerplate in code). Where that earlier occurrence is only a few tokens back
-(the output is going round a loop), a stream decoding alone drafts on around the
-loop (`_around`). The scheduler decodes the
+12 tokens occur (boilerplate in code). Where that earlier occurrence is only a
+few tokens back (the output is going round a loop), a stream decoding alone
+drafts on around the loop (`_around`). The scheduler decodes the
 sequence's next token and the draft in the same batch as every other
 sequence's step, then samples each position in order with the sequence's own
 sampler and keeps a draft token only while it equals what was sampled there:

@@ -273,7 +273,7 @@ def test_a_copied_passage_drafts_long_at_once() -> None:
     assert MAX_DRAFT < LONG_DRAFT < LONGER_DRAFT < 63  # under 64 queries with the next token (see the module)
     assert lookup.draft(2, 100) == passage[12 : 12 + LONG_DRAFT]  # a 12-token match: the long length
     assert lookup.draft(2, 10) == passage[12:22]  # within the room given
-    assert lookup.draft(2) == passage[12:14]  # without room for one: the adaptive limit
+    assert lookup.draft(2) == passage[12:14]  # no long limit given: the adaptive limit
     short = PromptLookup([*passage, 1, 2, *passage[8:12]])
     assert short.draft(2, 100) == passage[12:14]  # a 4-token match stays short
 
