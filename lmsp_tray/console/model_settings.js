@@ -24,6 +24,9 @@ const INTEGER = new Set(["context", "parallel", "gpu_layers", "top_k"]);
 export function settingsPanel(ctx, model, saved) {
   const slug = model.id.replace(/[^A-Za-z0-9_-]/g, "_");
   const inputs = new Map();
+  // Fields the person changed since the panel opened: the saved values, fetched when it opens, arrive
+  // after the first keystrokes on a slow machine and must not overwrite them.
+  const edited = new Set();
   const status = h("p", { class: "field-error", role: "alert", hidden: true });
   const rows = FIELDS.map(([key, label, kind, help]) => {
     const id = `model-${slug}-${key}`;
@@ -37,6 +40,8 @@ export function settingsPanel(ctx, model, saved) {
       input = h("input", { id, type: kind, placeholder: "default", step: INTEGER.has(key) ? "1" : "any" });
     }
     input.setAttribute("aria-describedby", `${id}-help`);
+    input.addEventListener("input", () => edited.add(key));
+    input.addEventListener("change", () => edited.add(key));
     inputs.set(key, input);
     return h("div", { class: "setting" },
       h("label", { for: id }, label), input, h("p", { class: "help muted", id: `${id}-help` }, help));
@@ -52,19 +57,25 @@ export function settingsPanel(ctx, model, saved) {
     h("div", { class: "actions" }, save),
   );
   let shown = {};
-  const fill = (values) => {
+  // The saved values into the fields; with `keepEdits`, the fields the person has changed keep theirs.
+  const fill = (values, keepEdits = false) => {
     shown = values || {};
     for (const [key, input] of inputs) {
+      if (keepEdits && edited.has(key)) continue;
       const value = shown[key];
       input.value = value === null || value === undefined ? "" : String(value);
       input.removeAttribute("aria-invalid");
     }
+    if (!keepEdits) edited.clear();
   };
   panel.addEventListener("toggle", async () => {
-    if (!panel.open) return;
+    if (!panel.open) {
+      edited.clear(); // closed: edits not saved are dropped (reopened, the panel shows what is saved)
+      return;
+    }
     try {
       const full = await ctx.api.get(modelPath(model.id));
-      fill(full.extensions.lmsp_tray.settings.values);
+      fill(full.extensions.lmsp_tray.settings.values, true);
     } catch (error) {
       toast(problemText(error), "error");
     }

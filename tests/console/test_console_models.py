@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
+from urllib.parse import quote
 
 from browser import browser, open_console  # noqa: F401 - fixture
 from support import TINY_ID, wait_until
@@ -52,6 +53,42 @@ def test_model_settings_are_edited_on_the_card(daemon_factory, lmsp_home: Path, 
     card.locator(".model-settings summary").click()
     wait_until(lambda: card.get_by_label("Context (tokens)").input_value() == "256", 10, "the saved value")
     assert card.get_by_label("System prompt").input_value() == "Answer briefly."
+    console.context.close()
+    assert console.errors == []
+
+
+def test_typing_before_the_saved_settings_arrive_is_kept(daemon_factory, browser) -> None:
+    """Opening the panel fetches the saved values; on a slow machine they arrive after the first
+    keystrokes (CI: the test above once saved nothing, its 1.5 overwritten). Held here until the
+    person has typed, they fill only the fields left alone."""
+    console = open_console(daemon_factory(), browser)
+    page = console.page
+    own = f"/models/{quote(TINY_ID, safe='')}"
+    held: list = []
+
+    def hold(route) -> None:
+        if route.request.method == "GET":
+            held.append(route)
+        else:
+            route.continue_()
+
+    page.route(lambda url: url.endswith(own), hold)
+    console.view("models")
+    card = page.locator("article.model", has=page.locator("h2", has_text=TINY_ID))
+    card.locator(".model-settings summary").click()
+    card.get_by_label("Top-p").fill("1.5")
+    # (waiting in the page lets Playwright hand over the held request)
+    wait_until(lambda: held or page.wait_for_timeout(50), 10, "the panel to ask for the saved values")
+    with console.api() as c:  # something saved for another field, which the late answer fills in
+        assert c.patch(f"/models/{TINY_ID}/settings", json={"min_p": 0.05}).status_code == 200
+    with page.expect_response(lambda r: r.url.endswith(own)):
+        held.pop().continue_()
+    wait_until(lambda: card.get_by_label("Min-p").input_value() == "0.05", 10, "the saved values")
+    assert card.get_by_label("Top-p").input_value() == "1.5"
+    card.get_by_role("button", name="Save settings").click()
+    problem = card.locator(".model-settings .field-error")
+    problem.wait_for()
+    assert "expected a number from 0 to 1" in (problem.text_content() or "")
     console.context.close()
     assert console.errors == []
 
