@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -60,7 +61,7 @@ from lmsp_tray.runner.draft_model import MAX_MODEL_DRAFT, DraftModel, DraftWant
 from lmsp_tray.runner.handles import DecodeHandles
 from lmsp_tray.runner.prompt_cache import PromptCache, common_prefix
 from lmsp_tray.runner.sampler import GrammarError, Sampler
-from lmsp_tray.runner.speculation import Drafter, DrafterFactory, Drafting, PromptLookup
+from lmsp_tray.runner.speculation import Drafter, DrafterFactory, Drafting, PromptLookup, Recent
 from lmsp_tray.runner.swa import Windows, checkpoint_tail
 from lmsp_tray.runner.textstream import TextStream
 from lmsp_tray.runner.vision import Vision, image_start, is_image, text_run
@@ -144,7 +145,8 @@ class Scheduler:
         self._speculative = speculative
         self.prompt_cache = prompt_cache
         self._idle_save_s = idle_save_s
-        self.drafter: DrafterFactory = PromptLookup  # what proposes a sequence's drafts
+        self.recent = Recent()  # finished sequences, where a request asked again finds its earlier answer
+        self.drafter: DrafterFactory = functools.partial(PromptLookup, recent=self.recent)  # proposes drafts
         self._on_step = on_step
         self._slots = [_Slot(i) for i in range(parallel)]
         n_swa = model.n_swa
@@ -709,6 +711,8 @@ class Scheduler:
             slot.prepared.close()
             slot.prepared = None
         slot.trigger = None
+        if isinstance(slot.lookup, PromptLookup) and error is None:
+            self.recent.add(slot.lookup)
         slot.job = None
         slot.pending = ()
         slot.stream = None

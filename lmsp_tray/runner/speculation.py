@@ -15,8 +15,13 @@ sequence's next token and the draft in the same batch as every other
 sequence's step, then samples each position in order with the sequence's own
 sampler and keeps a draft token only while it equals what was sampled there:
 
-- Greedy decoding gives exactly the tokens it gives without speculation (each
-  kept token is the model's own argmax at its position).
+- Greedy decoding gives the tokens it gives without speculation (each kept
+  token is the model's own argmax at its position), as exactly as llama.cpp
+  computes a position the same in a batch of several as in a one-token step:
+  on this CPU build they differ in the third decimal of a log probability, so
+  a near-tie closer than that can fall the other way (a random test model's
+  -0.7753 against -0.7786), as it can between a prompt evaluated whole and one
+  resumed from the cache.
 - With sampling, each emitted token is still drawn from the model's own
   distribution given the tokens before it, with the same random stream in the
   same order: for a drafter that proposes one token with certainty this *is*
@@ -26,6 +31,18 @@ sampler and keeps a draft token only while it equals what was sampled there:
 - Grammars, penalties and lazy grammar triggers see the emitted tokens one at
   a time, in order, exactly as without speculation.
 
+A request asked again (a regenerated answer, a benchmark's next round, an agent that retries) has
+its earlier answer in no context of its own. `Recent` keeps the model's last finished sequences,
+and a long match (12 or 24 tokens) is also looked up there: the earlier answer drafts the new one
+from its first token, through the edits a copy of the prompt would draft wrongly. llama.cpp's
+`ngram-mod` keeps its table across requests for the same reason, and a code edit asked again took 15
+decode steps with it against 100 for prompt lookup alone (`benchmarks/README.md`, 2 December 2026).
+Where both the sequence's own tokens and a recent sequence hold the match, the one whose agreement
+with the present reaches further back wins (the earlier answer, not the prompt's copy of the text
+it edits). Drafts from there are as long as those from the sequence's own context, and verified the
+same way, so the output is unchanged; what `Recent` holds is the model's own recent tokens, in the
+model process (as its prompt cache holds their KV), and is gone with the model.
+
 `Drafting` decides how long a draft may be for one sequence: it grows while
 drafts are accepted whole, shrinks to what was accepted, and after drafts
 keep failing it stops drafting short for a while (longer each time), so free-form
@@ -34,6 +51,7 @@ text, where lookups rarely predict anything, pays almost nothing.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -58,6 +76,8 @@ LONGER_NGRAM = 24
 # differently from a plain decode (GGML_FA_TILE_Q).
 LONG_DRAFT = 24
 LONGER_DRAFT = 32
+RECENT_TOKENS = 32_768  # what `Recent` keeps, in tokens of finished sequences (newest first)
+REACH = 512  # how far back two matches' agreement is compared, in tokens
 FIRST_DRAFT = 2
 MISSES_BEFORE_PAUSE = 2  # verifications in a row that kept nothing
 FIRST_PAUSE = 8  # steps without drafting after that; doubles each time, up to MAX_PAUSE
@@ -79,8 +99,10 @@ DrafterFactory = Callable[[list[int]], Drafter]
 class PromptLookup:
     """The tokens of one sequence so far, indexed by n-gram for draft lookups."""
 
-    def __init__(self, tokens: Sequence[int]) -> None:
+    def __init__(self, tokens: Sequence[int], recent: Recent | None = None) -> None:
+        """`recent`: the model's finished sequences, where long matches are also looked up."""
         self.tokens = list(tokens)
+        self._recent = recent
         t = self.tokens
         last = len(t) - 1  # the n-gram that ends the sequence has no continuation yet
         # key: the n tokens before position i (exclusive) -> i, the most recent occurrence wins
@@ -97,10 +119,15 @@ class PromptLookup:
             if i >= n:
                 index[tuple(t[i - n : i])] = i
 
+    def find(self, key: tuple[int, ...]) -> int | None:
+        """Where what followed the latest occurrence of `key` (of a length in `NGRAMS`) starts."""
+        return self._index[len(key)].get(key)
+
     def draft(self, limit: int, long_limit: int = 0, *, loop: bool = False) -> list[int]:
         """Up to `limit` tokens that followed the latest earlier occurrence of the sequence's ending;
         when that ending is `LONG_NGRAM` tokens long, up to `long_limit` (at most `LONG_DRAFT`, or
-        `LONGER_DRAFT` after `LONGER_NGRAM`), even where `limit` is 0 (short drafts paused).
+        `LONGER_DRAFT` after `LONGER_NGRAM`), even where `limit` is 0 (short drafts paused). A long
+        ending is also looked up in `recent` sequences; the match that agrees further back wins.
 
         With `loop`, where what followed runs into the present (the ending occurred a few tokens back:
         the sequence is repeating itself), the draft goes on around the loop (`_around`)."""
@@ -110,15 +137,70 @@ class PromptLookup:
         for n, index in self._index.items():
             if len(t) <= n:
                 continue
-            at = index.get(tuple(t[-n:]))
+            key = tuple(t[-n:])
+            at = index.get(key)
+            source = t
+            if n >= LONG_NGRAM and self._recent is not None:
+                found = self._recent.find(key)
+                if found is not None and (at is None or reach(found[0], found[1] - n, t, n) > reach(t, at - n, t, n)):
+                    source, at = found
             if at is not None:
                 count = (
                     limit
                     if n < LONG_NGRAM
                     else max(limit, min(long_limit, LONGER_DRAFT if n >= LONGER_NGRAM else LONG_DRAFT))
                 )
+                if source is not t:
+                    return source[at : at + count]
                 return _around(t, at, count) if loop else t[at : at + count]
         return []
+
+
+def reach(source: list[int], start: int, tokens: list[int], n: int) -> int:
+    """How many tokens before `source[start]` agree with those before `tokens`' last `n` (the match
+    found in `source` starts at `start`), up to `REACH`: the longer agreement is the likelier context
+    of what follows."""
+    end = len(tokens) - n
+    k = 0
+    while k < REACH:
+        step = min(32, REACH - k, start - k, end - k)
+        if step <= 0:
+            break
+        if source[start - k - step : start - k] == tokens[end - k - step : end - k]:
+            k += step
+            continue
+        while source[start - k - 1] == tokens[end - k - 1]:  # within this chunk: stops before its end
+            k += 1
+        break
+    return k
+
+
+class Recent:
+    """The model's last finished sequences, newest first, with their n-gram indexes (`RECENT_TOKENS`
+    tokens in all): where a request asked again finds its earlier answer."""
+
+    def __init__(self, budget: int = RECENT_TOKENS) -> None:
+        self._budget = budget
+        self._lookups: collections.deque[PromptLookup] = collections.deque()
+        self._tokens = 0
+
+    def add(self, lookup: PromptLookup) -> None:
+        """Keep a finished sequence's tokens and index (no longer appended to), dropping the oldest."""
+        size = len(lookup.tokens)
+        if size > self._budget or any(held is lookup for held in self._lookups):
+            return
+        self._lookups.appendleft(lookup)
+        self._tokens += size
+        while self._tokens > self._budget:
+            self._tokens -= len(self._lookups.pop().tokens)
+
+    def find(self, key: tuple[int, ...]) -> tuple[list[int], int] | None:
+        """The newest finished sequence holding `key`, and where what followed it there starts."""
+        for lookup in self._lookups:
+            at = lookup.find(key)
+            if at is not None:
+                return lookup.tokens, at
+        return None
 
 
 def _around(tokens: list[int], at: int, count: int) -> list[int]:

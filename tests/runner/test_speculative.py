@@ -28,8 +28,11 @@ from lmsp_tray.runner.speculation import (
     LONGER_DRAFT,
     MAX_DRAFT,
     MISSES_BEFORE_PAUSE,
+    REACH,
     Drafting,
     PromptLookup,
+    Recent,
+    reach,
 )
 
 PROMPTS = ["hello world", "the local model", "a test of the stream", "weather in the city"]
@@ -145,6 +148,23 @@ def test_greedy_output_is_identical_with_drafts_kept_and_refused(plain: LlamaMod
         assert (text, finish.reason, finish.output_tokens) == (expected[p][0], LENGTH, 60)
     drafts_ran(spec)
     assert spec.scheduler.steps - steps < steps, "drafts kept should save decode steps"
+
+
+def test_a_request_asked_again_drafts_its_earlier_answer_exactly(plain: LlamaModel, spec: LlamaModel) -> None:
+    """The second asking drafts the first answer (`Recent`): long drafts kept whole, fewer steps, and the
+    same greedy text as without speculation, alone and with a seeded sampler."""
+    expected = run(plain, PROMPTS[1], max_tokens=80)[0]
+    scheduler = spec.scheduler
+    assert scheduler is not None
+    assert run(spec, PROMPTS[1], max_tokens=80)[0] == expected
+    steps, accepted = scheduler.steps, scheduler.accepted
+    assert run(spec, PROMPTS[1], max_tokens=80)[0] == expected
+    assert scheduler.accepted - accepted >= 60, "the earlier answer should have drafted the new one"
+    assert scheduler.steps - steps <= 10, scheduler.steps - steps
+    sampling = SamplingParams(temperature=1.0, seed=99)
+    seeded = run(plain, PROMPTS[2], sampling, 80)[0]
+    assert run(spec, PROMPTS[2], sampling, 80)[0] == seeded
+    assert run(spec, PROMPTS[2], sampling, 80)[0] == seeded
 
 
 def test_verified_draft_tokens_carry_their_log_probabilities(plain: LlamaModel, spec: LlamaModel) -> None:
@@ -289,6 +309,63 @@ def test_a_24_token_match_picks_its_passage_and_drafts_longer() -> None:
     loop = [7, 8, 9, 2, 5, *passage[12:24]]  # 12 matched: the latest place (around the loop it closes)
     assert twelve.draft(2, 100) == loop
     assert twelve.draft(2, 100, loop=True) == (loop * 3)[:LONG_DRAFT]
+
+
+def answered(recent: Recent, sequence: list[int], cut: int) -> None:
+    """`sequence` decoded as the scheduler does it (indexed from its prompt and first token on), then
+    finished into `recent`."""
+    lookup = PromptLookup(sequence[: cut + 1], recent)
+    for token in sequence[cut + 1 :]:
+        lookup.append(token)
+    recent.add(lookup)
+
+
+def test_a_request_asked_again_drafts_from_the_earlier_answer() -> None:
+    prompt, answer = list(range(100, 140)), list(range(500, 560))
+    recent = Recent()
+    answered(recent, [*prompt, *answer], len(prompt))
+    again = PromptLookup([*prompt, answer[0]], recent)
+    assert again.draft(2, 100) == answer[1 : 1 + LONGER_DRAFT]  # from its first token: a 24-token match
+    assert again.draft(0, 10) == answer[1:11]  # within the room given, while short drafts are paused
+    assert again.draft(2) == answer[1:3]
+    assert PromptLookup([*prompt, answer[0]]).draft(2, 100) == []  # without `recent`: nothing to copy
+    short = PromptLookup([7, *prompt[-8:], answer[0]], recent)
+    assert short.draft(2, 100) == []  # only long matches are looked up in other sequences
+
+
+def test_the_match_that_agrees_further_back_wins() -> None:
+    """Asked again to edit a text: the prompt's copy of the text drafts the unedited token, the earlier
+    answer the edit; the earlier answer agrees with the present further back, so it drafts."""
+    text, instruction, turn = list(range(200, 260)), [1, 2, 3], [7, 8]
+    edited = [*text[:30], 999, *text[31:]]
+    asked = [*instruction, *text, *turn]
+    recent = Recent()
+    answered(recent, [*asked, *edited], len(asked))
+    lookup = PromptLookup([*asked, *edited[:30]], recent)
+    assert lookup.draft(2, 100) == edited[30 : 30 + LONGER_DRAFT]  # [999, ...]: the edit
+    assert PromptLookup([*asked, *edited[:30]]).draft(2, 100) == [*text[30:], *turn]  # alone: the text
+    # The sequence's own match wins where it agrees as far back (a tie): it is the present conversation.
+    alone = PromptLookup([*text, 5, *text[:30]], recent)
+    assert alone.draft(2, 100) == [*text[30:], 5, text[0]]
+    assert reach(text, 30, text[:40], 10) == 30  # the agreement stops where a sequence starts
+    assert reach(text, 30, [5, *text[:40]], 10) == 30
+    assert reach([5, *text], 31, text[:40], 10) == 30
+    assert reach([6, *text], 31, [5, *text[:40]], 10) == 30  # and where the two differ
+    long = list(range(5000))
+    assert reach(long, 2000, long[:2100], 100) == REACH  # and at `REACH`
+
+
+def test_recent_keeps_the_newest_sequences_within_its_budget() -> None:
+    recent = Recent(budget=100)
+    first, second, third = (list(range(k, k + 40)) for k in (1000, 2000, 3000))
+    for sequence in (first, second, third):  # 120 tokens: the oldest is dropped
+        answered(recent, sequence, 12)
+    assert recent.find(tuple(first[:12])) is None
+    assert recent.find(tuple(third[:12])) == (third, 12)
+    assert recent.find(tuple(second[4:28])) == (second, 28)
+    answered(recent, list(range(9000, 9101)), 0)  # longer than the whole budget: not kept
+    assert recent.find(tuple(range(9000, 9012))) is None
+    assert recent.find(tuple(third[:12])) == (third, 12)
 
 
 def test_a_long_match_drafts_while_short_drafts_are_paused() -> None:
