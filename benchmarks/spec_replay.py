@@ -244,6 +244,9 @@ def main() -> None:
     args = parser.parse_args()
     threads = physical_cores()
     print(f"CPU: {cpu_line()}; {threads} threads", flush=True)
+    # What the loaded libllama was built for (`LLAMA_CPP_LIB_PATH` may name another build: an AVX2-only
+    # one stands in for an AVX2 machine on this CPU).
+    print(f"llama.cpp: {llama_cpp.llama_print_system_info().decode().strip()}", flush=True)
     ceiling = Ceiling(gemma_path(), streams=1, threads=threads)
     rows, ratios, again_ratios = [], [], []
     cost: Costs | None = None

@@ -52,7 +52,8 @@ def test_the_child_loads_the_plan_it_is_given(tiny_gguf: Path) -> None:
         assert model.find_token("<|im_end|>") is not None and model.find_token("no such marker") is None
         assert model.is_control(model.find_token("<|im_end|>") or 0)
         stats = model.stats(batches=True)
-        assert stats.pid == model.pid and stats.steps >= 24 and stats.batch_sizes
+        assert stats.pid == model.pid and stats.steps >= 13 and stats.batch_sizes
+        assert stats.accepted > 0  # the second asking drafted the first answer (speculation.Recent)
     finally:
         model.close()
     assert model.exit_error is not None and model.exit_error.code == "service_unavailable"

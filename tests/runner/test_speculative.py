@@ -29,6 +29,7 @@ from lmsp_tray.runner.speculation import (
     MAX_DRAFT,
     MISSES_BEFORE_PAUSE,
     REACH,
+    RECALLED_DRAFT,
     Drafting,
     PromptLookup,
     Recent,
@@ -331,6 +332,13 @@ def test_a_request_asked_again_drafts_from_the_earlier_answer() -> None:
     assert PromptLookup([*prompt, answer[0]]).draft(2, 100) == []  # without `recent`: nothing to copy
     short = PromptLookup([7, *prompt[-8:], answer[0]], recent)
     assert short.draft(2, 100) == []  # only long matches are looked up in other sequences
+    # Agreeing over `RECALL` tokens or more (a long prompt asked again, or well into its answer): longer.
+    prompt, answer = list(range(1000, 1100)), list(range(2000, 2100))
+    answered(recent, [*prompt, *answer], len(prompt))
+    again = PromptLookup([*prompt, answer[0]], recent)
+    assert LONGER_DRAFT < RECALLED_DRAFT < 63
+    assert again.draft(2, 100) == answer[1 : 1 + RECALLED_DRAFT]
+    assert again.draft(2, 40) == answer[1:41]
 
 
 def test_the_match_that_agrees_further_back_wins() -> None:
