@@ -146,11 +146,11 @@ class PromptLookup:
             at = index.get(key)
             source, longest = t, LONGER_DRAFT if n >= LONGER_NGRAM else LONG_DRAFT
             if n >= LONG_NGRAM and self._recent is not None:
-                found = self._recent.find(key)
+                found = self._recent.find(t, n)
                 if found is not None:
-                    agree = reach(found[0], found[1] - n, t, n)
+                    other, there, agree = found
                     if at is None or agree > reach(t, at - n, t, n):
-                        source, at = found
+                        source, at = other, there
                         if n + agree >= RECALL:  # the same request again, well past where it began
                             longest = RECALLED_DRAFT
             if at is not None:
@@ -199,13 +199,22 @@ class Recent:
         while self._tokens > self._budget:
             self._tokens -= len(self._lookups.pop().tokens)
 
-    def find(self, key: tuple[int, ...]) -> tuple[list[int], int] | None:
-        """The newest finished sequence holding `key`, and where what followed it there starts."""
+    def find(self, tokens: list[int], n: int) -> tuple[list[int], int, int] | None:
+        """The finished sequence holding the last `n` of `tokens` whose agreement with them reaches
+        furthest back (the newest of equals), where what followed there starts, and that agreement.
+
+        Why not simply the newest: documents of one form (the same notice for another street, one
+        function over orders or invoices) share their endings, and the newest may be another
+        document's answer, which drafts wrongly at every name that differs."""
+        key = tuple(tokens[-n:])
+        best: tuple[list[int], int, int] | None = None
         for lookup in self._lookups:
             at = lookup.find(key)
             if at is not None:
-                return lookup.tokens, at
-        return None
+                agree = reach(lookup.tokens, at - n, tokens, n)
+                if best is None or agree > best[2]:
+                    best = (lookup.tokens, at, agree)
+        return best
 
 
 def _around(tokens: list[int], at: int, count: int) -> list[int]:

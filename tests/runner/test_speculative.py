@@ -368,12 +368,26 @@ def test_recent_keeps_the_newest_sequences_within_its_budget() -> None:
     first, second, third = (list(range(k, k + 40)) for k in (1000, 2000, 3000))
     for sequence in (first, second, third):  # 120 tokens: the oldest is dropped
         answered(recent, sequence, 12)
-    assert recent.find(tuple(first[:12])) is None
-    assert recent.find(tuple(third[:12])) == (third, 12)
-    assert recent.find(tuple(second[4:28])) == (second, 28)
+    assert recent.find(first[:12], 12) is None
+    assert recent.find(third[:12], 12) == (third, 12, 0)
+    assert recent.find(second[:28], 24) == (second, 28, 4)
     answered(recent, list(range(9000, 9101)), 0)  # longer than the whole budget: not kept
-    assert recent.find(tuple(range(9000, 9012))) is None
-    assert recent.find(tuple(third[:12])) == (third, 12)
+    assert recent.find(list(range(9000, 9012)), 12) is None
+    assert recent.find(third[:12], 12) == (third, 12, 0)
+
+
+def test_of_recent_sequences_the_one_agreeing_further_back_drafts() -> None:
+    """Two documents of one form (other names) share their endings: asked the first again, the newest
+    answer (the second document's) would draft its own names; the first's answer agrees further back."""
+    form = list(range(300, 340))
+    first = [1, 2, 3, 4, 5, 6, 7, 8, *form, 500, 501, 502]  # a form, then its answer
+    second = [9, 9, 9, 9, 9, 9, 9, 9, *form, 600, 601, 602]
+    recent = Recent()
+    answered(recent, first, len(first) - 4)
+    answered(recent, second, len(second) - 4)  # the newest
+    assert recent.find(first[:-3], 24) == (first, len(first) - 3, 24)  # the second agrees over 16
+    assert recent.find([7, *form], 24) == (second, len(second) - 3, 16)  # equals: the newest
+    assert PromptLookup(first[:-3], recent).draft(2, 100) == [500, 501, 502]
 
 
 def test_a_long_match_drafts_while_short_drafts_are_paused() -> None:
