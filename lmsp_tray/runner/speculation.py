@@ -80,6 +80,7 @@ LONGER_NGRAM = 24
 LONG_DRAFT = 24
 LONGER_DRAFT = 32
 RECENT_TOKENS = 32_768  # what `Recent` keeps, in tokens of finished sequences (newest first)
+RECENT_SEQUENCES = 16  # and at most this many: each is looked up at every step that drafts
 REACH = 512  # how far back two matches' agreement is compared, in tokens
 RECALL = 64  # a recent sequence agreeing with the present over this many tokens drafts up to RECALLED_DRAFT
 RECALLED_DRAFT = 62
@@ -182,7 +183,8 @@ def reach(source: list[int], start: int, tokens: list[int], n: int) -> int:
 
 class Recent:
     """The model's last finished sequences, newest first, with their n-gram indexes (`RECENT_TOKENS`
-    tokens in all): where a request asked again finds its earlier answer."""
+    tokens and `RECENT_SEQUENCES` sequences at most): where a request asked again finds its earlier
+    answer."""
 
     def __init__(self, budget: int = RECENT_TOKENS) -> None:
         self._budget = budget
@@ -196,7 +198,7 @@ class Recent:
             return
         self._lookups.appendleft(lookup)
         self._tokens += size
-        while self._tokens > self._budget:
+        while self._tokens > self._budget or len(self._lookups) > RECENT_SEQUENCES:
             self._tokens -= len(self._lookups.pop().tokens)
 
     def find(self, tokens: list[int], n: int) -> tuple[list[int], int, int] | None:

@@ -30,6 +30,7 @@ from lmsp_tray.runner.speculation import (
     MISSES_BEFORE_PAUSE,
     REACH,
     RECALLED_DRAFT,
+    RECENT_SEQUENCES,
     Drafting,
     PromptLookup,
     Recent,
@@ -374,6 +375,11 @@ def test_recent_keeps_the_newest_sequences_within_its_budget() -> None:
     answered(recent, list(range(9000, 9101)), 0)  # longer than the whole budget: not kept
     assert recent.find(list(range(9000, 9012)), 12) is None
     assert recent.find(third[:12], 12) == (third, 12, 0)
+    many = Recent()
+    for k in range(RECENT_SEQUENCES + 1):  # short ones: the count bounds the lookups a step makes
+        answered(many, [k, *range(100, 120)], 12)
+    assert many.find([0, *range(100, 111)], 12) is None
+    assert many.find([1, *range(100, 111)], 12) == ([1, *range(100, 120)], 12, 0)
 
 
 def test_of_recent_sequences_the_one_agreeing_further_back_drafts() -> None:
