@@ -147,7 +147,7 @@ class PromptLookup:
             at = index.get(key)
             source, longest = t, LONGER_DRAFT if n >= LONGER_NGRAM else LONG_DRAFT
             if n >= LONG_NGRAM and self._recent is not None:
-                found = self._recent.find(t, n)
+                found = self._recent.find(t, key)
                 if found is not None:
                     other, there, agree = found
                     if at is None or agree > reach(t, at - n, t, n):
@@ -194,21 +194,21 @@ class Recent:
     def add(self, lookup: PromptLookup) -> None:
         """Keep a finished sequence's tokens and index (no longer appended to), dropping the oldest."""
         size = len(lookup.tokens)
-        if size > self._budget or any(held is lookup for held in self._lookups):
+        if size > self._budget:
             return
         self._lookups.appendleft(lookup)
         self._tokens += size
         while self._tokens > self._budget or len(self._lookups) > RECENT_SEQUENCES:
             self._tokens -= len(self._lookups.pop().tokens)
 
-    def find(self, tokens: list[int], n: int) -> tuple[list[int], int, int] | None:
-        """The finished sequence holding the last `n` of `tokens` whose agreement with them reaches
+    def find(self, tokens: list[int], key: tuple[int, ...]) -> tuple[list[int], int, int] | None:
+        """The finished sequence holding `key` (the end of `tokens`) whose agreement with `tokens` reaches
         furthest back (the newest of equals), where what followed there starts, and that agreement.
 
         Why not simply the newest: documents of one form (the same notice for another street, one
         function over orders or invoices) share their endings, and the newest may be another
         document's answer, which drafts wrongly at every name that differs."""
-        key = tuple(tokens[-n:])
+        n = len(key)
         best: tuple[list[int], int, int] | None = None
         for lookup in self._lookups:
             at = lookup.find(key)

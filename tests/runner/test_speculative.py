@@ -369,17 +369,17 @@ def test_recent_keeps_the_newest_sequences_within_its_budget() -> None:
     first, second, third = (list(range(k, k + 40)) for k in (1000, 2000, 3000))
     for sequence in (first, second, third):  # 120 tokens: the oldest is dropped
         answered(recent, sequence, 12)
-    assert recent.find(first[:12], 12) is None
-    assert recent.find(third[:12], 12) == (third, 12, 0)
-    assert recent.find(second[:28], 24) == (second, 28, 4)
+    assert recent.find(first[:12], tuple(first[:12])) is None
+    assert recent.find(third[:12], tuple(third[:12])) == (third, 12, 0)
+    assert recent.find(second[:28], tuple(second[4:28])) == (second, 28, 4)
     answered(recent, list(range(9000, 9101)), 0)  # longer than the whole budget: not kept
-    assert recent.find(list(range(9000, 9012)), 12) is None
-    assert recent.find(third[:12], 12) == (third, 12, 0)
+    assert recent.find(list(range(9000, 9012)), tuple(range(9000, 9012))) is None
+    assert recent.find(third[:12], tuple(third[:12])) == (third, 12, 0)
     many = Recent()
     for k in range(RECENT_SEQUENCES + 1):  # short ones: the count bounds the lookups a step makes
         answered(many, [k, *range(100, 120)], 12)
-    assert many.find([0, *range(100, 111)], 12) is None
-    assert many.find([1, *range(100, 111)], 12) == ([1, *range(100, 120)], 12, 0)
+    assert many.find([0, *range(100, 111)], (0, *range(100, 111))) is None
+    assert many.find([1, *range(100, 111)], (1, *range(100, 111))) == ([1, *range(100, 120)], 12, 0)
 
 
 def test_of_recent_sequences_the_one_agreeing_further_back_drafts() -> None:
@@ -391,8 +391,8 @@ def test_of_recent_sequences_the_one_agreeing_further_back_drafts() -> None:
     recent = Recent()
     answered(recent, first, len(first) - 4)
     answered(recent, second, len(second) - 4)  # the newest
-    assert recent.find(first[:-3], 24) == (first, len(first) - 3, 24)  # the second agrees over 16
-    assert recent.find([7, *form], 24) == (second, len(second) - 3, 16)  # equals: the newest
+    assert recent.find(first[:-3], tuple(first[-27:-3])) == (first, len(first) - 3, 24)  # the second agrees over 16
+    assert recent.find([7, *form], tuple(form[-24:])) == (second, len(second) - 3, 16)  # equals: the newest
     assert PromptLookup(first[:-3], recent).draft(2, 100) == [500, 501, 502]
 
 
