@@ -59,12 +59,12 @@ from lmsp_tray.discovery.watch import FolderWatcher
 from lmsp_tray.engine.devices import Devices, physical_cores, probe
 from lmsp_tray.engine.load_plan import MAX_DEFAULT_PARALLEL, LoadOptions
 from lmsp_tray.engine.manager import DEFAULT, MemoryBudget, ModelManager, gpu_free
-from lmsp_tray.http.app import create_app
+from lmsp_tray.http.app import APIS, create_app
 from lmsp_tray.http.body_parser import BodyParser
 from lmsp_tray.http.connections import ConnectionLimits, descriptor_budget, guarded_protocol
 from lmsp_tray.http.console_routes import CONSOLE_PATH, ConsoleParts
 from lmsp_tray.http.model_routes import ModelParts
-from lmsp_tray.http.security import MAX_HEADER_BYTES
+from lmsp_tray.http.security import MAX_HEAD_BYTES
 from lmsp_tray.hub.fit import Machine
 from lmsp_tray.hub.owned import Ledger
 from lmsp_tray.hub.pull import Puller
@@ -416,8 +416,8 @@ class Daemon:
             ws="none",
             # h11 bounds an unfinished request head (httptools does not); the guarded protocol adds deadlines,
             # a connection cap and the smuggling check (http/connections.py); security checks the rest
-            http=guarded_protocol(limits),
-            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+            http=guarded_protocol(limits, APIS),
+            h11_max_incomplete_event_size=MAX_HEAD_BYTES,
             timeout_keep_alive=max(1, round(limits.idle_timeout)),
             timeout_graceful_shutdown=5,
             server_header=False,

@@ -18,6 +18,15 @@ service to its descriptor limit, where it stopped answering anything. `GuardedH1
 
 Nothing times a response being written: a long SSE stream is never cut.
 
+A refusal here (a malformed or over-long head, the cap, a body that never came) is answered and
+the connection then **closes lingering**: the answer is sent with a FIN, and what the client still
+sends is read and dropped until it closes too (or `LINGER_IDLE` passes without a byte, or
+`LINGER_MAX` in all). Closing at once, with the rest of a 100 kB URL unread, made the kernel reset
+the connection, and a reset can overtake the answer: the client saw "connection reset" instead of
+its 414 (CI, twice). An over-long head is refused the same way whether it arrives at once (the
+security layer) or in pieces (h11 stops buffering it here): 414 when the request line is what is
+too long, else 400 for the headers, in the error shape of the API its path names.
+
 Request smuggling (RFC 9112 §6.1): a request carrying both `Content-Length` and
 `Transfer-Encoding` (in any order, however the value is spaced), or `Transfer-Encoding` in
 HTTP/1.0, is refused with 400 and the connection is closed, so no byte after it runs as another
@@ -29,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -36,8 +46,10 @@ import h11
 from h11._connection import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from lmsp_tray.errors import InvalidRequest, LMSPError, RequestTimeout, ServiceUnavailable
-from lmsp_tray.http import wire_json
+from lmsp_tray.errors import InvalidRequest, LMSPError, RequestTimeout, ServiceUnavailable, UriTooLong
+from lmsp_tray.http.api import Api, ErrorShape, api_for
+from lmsp_tray.http.problems import PROBLEMS
+from lmsp_tray.http.security import MAX_HEAD_BYTES, MAX_HEADER_BYTES, MAX_HEADERS, MAX_URL_BYTES
 
 try:
     import resource
@@ -48,6 +60,9 @@ log = logging.getLogger("lmsp_tray.http.connections")
 
 DESCRIPTOR_RESERVE = 256  # descriptors kept for model files, the database, logs, child processes
 FD_SOFT_TARGET = 65536  # how far the soft descriptor limit is raised (never past the hard one)
+LINGER_IDLE = 2.0  # after a refusal, how long to wait for the client's next byte before closing anyway
+LINGER_MAX = 10.0  # and how long to read and drop what it sends, in all
+HEAD_KEPT = MAX_HEAD_BYTES  # how much of a request head is kept to say why it was refused
 
 
 @dataclass(frozen=True)
@@ -85,12 +100,13 @@ class _FramingChecked(h11.Connection):
 
     protocol: GuardedH11Protocol | None = None
     refused: str | None = None  # why the last request was refused (uvicorn's handler drops the exception)
+    refused_status = 400  # h11's hint: 431 when the head grew past the limit unfinished
 
     def next_event(self) -> Any:
         try:
             return self._checked(super().next_event())
         except h11.RemoteProtocolError as exc:
-            self.refused = str(exc)
+            self.refused, self.refused_status = str(exc), exc.error_status_hint
             raise
 
     def _checked(self, event: Any) -> Any:
@@ -120,6 +136,7 @@ class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with deadlines, a connection cap and a framing check (see the module)."""
 
     limits: ClassVar[ConnectionLimits] = ConnectionLimits()
+    apis: ClassVar[Sequence[Api]] = ()  # whose error shape a refusal takes, by the path it names
 
     def __init__(self, config: Any, server_state: Any, app_state: Any, _loop: Any = None) -> None:
         super().__init__(config, server_state, app_state, _loop)
@@ -129,6 +146,10 @@ class GuardedH11Protocol(H11Protocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._waiting_since = 0.0
+        self._head = bytearray()  # the start of the request head still arriving (see `_head_too_large`)
+        self.lingering = False
+        self._linger_timer: asyncio.TimerHandle | None = None
+        self._linger_ends = 0.0
 
     # -- the connection cap ------------------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
@@ -138,7 +159,7 @@ class GuardedH11Protocol(H11Protocol):
         self._arm_head()
         if len(others) < self.limits.max_connections:
             return
-        waiting = [c for c in others if isinstance(c, GuardedH11Protocol) and c.waiting_for_head()]
+        waiting = [c for c in others if isinstance(c, GuardedH11Protocol) and (c.waiting_for_head() or c.lingering)]
         if waiting:
             victim = min(waiting, key=lambda c: c._waiting_since)
             log.warning("%d connections open (the cap): closing one idle longest", len(others))
@@ -152,14 +173,21 @@ class GuardedH11Protocol(H11Protocol):
 
     # -- deadlines -----------------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
+        if self.lingering:
+            self._linger()  # read and dropped; the client has not closed yet
+            return
         if self._head_timer is None and self.waiting_for_head():
             self._waiting_since = self.loop.time()
+            self._head.clear()
             self._arm_head()  # a later request on a kept-alive connection: its head is timed from its first byte
+        if self._head_timer is not None and len(self._head) < HEAD_KEPT:
+            self._head += data[: HEAD_KEPT - len(self._head)]
         super().data_received(data)
 
     def request_started(self, *, has_body: bool) -> None:
         _cancel(self._head_timer)
         self._head_timer = None
+        self._head.clear()
         if has_body:
             _cancel(self._body_timer)
             self._body_timer = self.loop.call_later(self.limits.body_timeout, self._body_expired)
@@ -175,8 +203,15 @@ class GuardedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         _cancel(self._head_timer)
         _cancel(self._body_timer)
-        self._head_timer = self._body_timer = None
+        _cancel(self._linger_timer)
+        self._head_timer = self._body_timer = self._linger_timer = None
         super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        if self.lingering:  # the server is stopping: nothing more is owed here (h11's state is ERROR)
+            self.transport.close()
+            return
+        super().shutdown()
 
     def _arm_head(self) -> None:
         _cancel(self._head_timer)
@@ -201,24 +236,65 @@ class GuardedH11Protocol(H11Protocol):
 
     # -- refusals ------------------------------------------------------------------------------------
     def send_400_response(self, msg: str) -> None:
-        """A request h11 (or the framing check) refused: a problem document, then the connection closes."""
-        detail = self.conn.refused if isinstance(self.conn, _FramingChecked) and self.conn.refused else msg
-        self._refuse(InvalidRequest(f"The request is not valid HTTP/1.1: {detail}"))
+        """A request h11 (or the framing check) refused: an error in the API's shape, then the connection closes."""
+        conn = self.conn
+        if isinstance(conn, _FramingChecked) and conn.refused_status == 431:
+            error = self._head_too_large()
+        else:
+            detail = conn.refused if isinstance(conn, _FramingChecked) and conn.refused else msg
+            error = InvalidRequest(f"The request is not valid HTTP/1.1: {detail}")
+        self._refuse(error)
+
+    def _head_too_large(self) -> LMSPError:
+        """What the security layer answers for the same head arriving at once: 414 for the URL, else 400."""
+        if b"\r\n" not in self._head:
+            return UriTooLong(f"The request URL is over {MAX_URL_BYTES:,} bytes; the limit is {MAX_URL_BYTES:,} bytes.")
+        return InvalidRequest(
+            f"The request headers are over {MAX_HEADER_BYTES} bytes; the limits are {MAX_HEADER_BYTES} bytes and "
+            f"{MAX_HEADERS} headers."
+        )
+
+    def _shape(self) -> ErrorShape:
+        """The error shape of the API the refused request's path names (LMSP's where none can be read)."""
+        line = bytes(self._head.split(b"\r\n", 1)[0]).split(b" ")
+        if not self.apis or len(line) < 2:
+            return PROBLEMS
+        return api_for(self.apis, line[1].split(b"?", 1)[0].decode("latin-1")).errors
 
     def _refuse(self, error: LMSPError) -> None:
-        body = wire_json.dumpb(error.to_problem())
+        status, headers, body = self._shape().encode(error)
         head = [
-            f"HTTP/1.1 {error.status} {error.title}",
-            "Content-Type: application/problem+json",
-            f"Content-Length: {len(body)}",
+            f"HTTP/1.1 {status} {error.title}",
+            *(f"{k.decode('latin-1')}: {v.decode('latin-1')}" for k, v in headers),
             "Connection: close",
             "LMSP-Version: 1.0",
-            *(f"{k}: {v}" for k, v in error.headers.items()),
         ]
         if self.cycle is not None:
             self.cycle.disconnected = True  # the application, if it runs, must not answer too
         self.transport.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
-        self.transport.close()
+        self._close_lingering()
+
+    # -- closing without a reset ---------------------------------------------------------------------
+    def _close_lingering(self) -> None:
+        """Send the answer with a FIN, then read and drop what the client still sends (see the module)."""
+        _cancel(self._head_timer)
+        _cancel(self._body_timer)
+        self._head_timer = self._body_timer = None
+        if self.lingering:
+            return
+        if not self.transport.can_write_eof():  # pragma: no cover - TLS or a transport without half-close
+            self.transport.close()
+            return
+        self.lingering = True
+        self.transport.write_eof()
+        self._linger_ends = self.loop.time() + LINGER_MAX
+        self.transport.resume_reading()  # uvicorn may have paused it for a pipelined request
+        self._linger()
+
+    def _linger(self) -> None:
+        _cancel(self._linger_timer)
+        wait = min(LINGER_IDLE, max(0.0, self._linger_ends - self.loop.time()))
+        self._linger_timer = self.loop.call_later(wait, self.transport.close)
 
 
 def _cancel(timer: asyncio.TimerHandle | None) -> None:
@@ -226,6 +302,7 @@ def _cancel(timer: asyncio.TimerHandle | None) -> None:
         timer.cancel()
 
 
-def guarded_protocol(limits: ConnectionLimits) -> type[GuardedH11Protocol]:
-    """The protocol class uvicorn builds each connection with, carrying these limits."""
-    return type("GuardedH11", (GuardedH11Protocol,), {"limits": limits})
+def guarded_protocol(limits: ConnectionLimits, apis: Sequence[Api] = ()) -> type[GuardedH11Protocol]:
+    """The protocol class uvicorn builds each connection with, carrying these limits and the APIs whose
+    error shapes its refusals take."""
+    return type("GuardedH11", (GuardedH11Protocol,), {"limits": limits, "apis": tuple(apis)})

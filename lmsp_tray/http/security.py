@@ -35,8 +35,9 @@ request passes, in this order:
    for chunked bodies).
 
 0. **Header size** — over `MAX_HEADER_BYTES` in total or `MAX_HEADERS`
-   headers → ``400 invalid_request``. h11 (configured in `daemon`) also
-   stops buffering a request head that grows past the same size unfinished.
+   headers → ``400 invalid_request``; a URL over `MAX_URL_BYTES` → ``414``.
+   h11 (configured in `daemon`) stops buffering a head that grows past
+   `MAX_HEAD_BYTES` unfinished, and answers as this layer would.
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ from lmsp_tray.http.problems import send_error
 MAX_HEADER_BYTES = 32 * 1024
 MAX_HEADERS = 100
 MAX_URL_BYTES = 32 * 1024  # path and query string: no route takes more (as much as all the headers)
+# How far h11 buffers an unfinished request head: a URL and headers both within their limits, the
+# method, version and spacing around them. Past it, at least one limit is broken whichever way the
+# head arrives, so h11 refusing it early (http/connections.py) answers as this layer would.
+MAX_HEAD_BYTES = MAX_URL_BYTES + MAX_HEADER_BYTES + 1024
 STATE_TOKEN = "lmsp_token"  # request.state key holding the caller's TokenRecord
 STATE_KEYLESS = "lmsp_keyless"  # request.state key: True when let in by `keyless_scopes`
 KEYLESS = "keyless"  # the caller a keyless request runs as

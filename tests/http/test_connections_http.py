@@ -22,16 +22,19 @@ def connect(live: LiveDaemon, timeout: float = 15) -> socket.socket:
     return socket.create_connection(("127.0.0.1", live.daemon.port or 0), timeout=timeout)
 
 
-def read_all(s: socket.socket) -> bytes:
-    """Everything the server sends until it closes the connection (the test fails if it never does)."""
+def read_all(s: socket.socket, *, reset_ok: bool = False) -> bytes:
+    """Everything the server sends until it closes the connection (the test fails if it never does,
+    or resets it where an answer is owed: a refusal closes lingering, so no reset overtakes it)."""
     data = b""
     while True:
         try:
             chunk = s.recv(65536)
         except ConnectionResetError:
+            if not reset_ok:
+                raise
             break
         if not chunk:
-            break
+            return data
         data += chunk
     return data
 
@@ -109,7 +112,7 @@ def test_idle_and_trickling_clients_are_closed(daemon_factory: Callable[..., Liv
             except (BrokenPipeError, ConnectionResetError):
                 break
             time.sleep(0.05)
-        assert read_all(trickle) == b""  # closed, without an answer
+        assert read_all(trickle, reset_ok=True) == b""  # closed, without an answer (none owed, so no lingering)
 
     with connect(live) as body:  # a complete head, then a body that never ends
         body.sendall(f"POST /lmsp/v1/auth/pairings HTTP/1.1\r\n{HEAD}Content-Length: 100000\r\n\r\n{{".encode())
@@ -165,6 +168,50 @@ def test_a_long_stream_is_not_cut_by_the_deadlines(daemon_factory: Callable[...,
     terminal = [line for line in rest if line.startswith("event: response.")][-1]
     assert terminal in ("event: response.completed", "event: response.incomplete"), terminal
     assert sum(1 for line in rest if line == "event: response.output_text.delta") > 100
+
+
+def send_in_pieces(s: socket.socket, data: bytes, size: int = 4096) -> None:
+    for i in range(0, len(data), size):
+        s.sendall(data[i : i + size])
+        time.sleep(0.002)
+
+
+LONG = "x" * 100_000
+OVER_LONG = [  # a head past h11's buffer, what it is answered, and a sign of its API's error shape
+    (f"GET /lmsp/v1/models/{LONG} HTTP/1.1\r\n{HEAD}\r\n", 414, b"application/problem+json"),
+    (f"GET /v1/models/{LONG} HTTP/1.1\r\n{HEAD}\r\n", 414, b'"type":"invalid_request_error"'),
+    (f"POST /v1/messages?q={LONG} HTTP/1.1\r\n{HEAD}\r\n", 414, b'{"type":"error","error":'),
+    (
+        "GET /lmsp/v1/ HTTP/1.1\r\n" + HEAD + "".join(f"X-H{i}: {'v' * 60}\r\n" for i in range(1500)) + "\r\n",
+        400,
+        b"problem",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "shape"), OVER_LONG, ids=["lmsp-url", "openai-url", "anthropic-url", "headers"]
+)
+def test_an_over_long_head_gets_one_answer_however_it_arrives_and_no_reset(
+    daemon: LiveDaemon, raw: str, status: int, shape: bytes
+) -> None:
+    """At once, the security layer refuses an over-long head; in pieces, h11 stops buffering it first.
+    Either way: the same status, in the error shape of the API its path names, and the rest of what
+    the client sends read and dropped, so no reset overtakes the answer (CI twice saw "connection
+    reset" in place of a 414)."""
+    data = raw.encode()
+    for send in (socket.socket.sendall, send_in_pieces):
+        with connect(daemon) as s:
+            send(s, data)  # in pieces, most of it arrives after the refusal: a reset would fail here
+            s.shutdown(socket.SHUT_WR)
+            answer = read_all(s)
+        assert statuses(answer) == [status], (send, answer[:400])
+        assert shape in answer and LONG[:100].encode() not in answer and len(answer) < 2000, answer[:400]
+    with connect(daemon) as s:  # a client that neither closes nor sends more: closed after the linger
+        send_in_pieces(s, data[:80_000])
+        started = time.monotonic()
+        assert statuses(read_all(s)) == [status]
+        assert time.monotonic() - started < 12
 
 
 def test_the_api_answers_with_1000_slow_connections_open(daemon: LiveDaemon) -> None:
