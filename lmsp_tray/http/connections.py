@@ -18,12 +18,13 @@ service to its descriptor limit, where it stopped answering anything. `GuardedH1
 
 Nothing times a response being written: a long SSE stream is never cut.
 
-A refusal here (a malformed or over-long head, the cap, a body that never came) is answered and
-the connection then **closes lingering**: the answer is sent with a FIN, and what the client still
-sends is read and dropped until it closes too (or `LINGER_IDLE` passes without a byte, or
-`LINGER_MAX` in all). Closing at once, with the rest of a 100 kB URL unread, made the kernel reset
-the connection, and a reset can overtake the answer: the client saw "connection reset" instead of
-its 414 (CI, twice). An over-long head is refused the same way whether it arrives at once (the
+A refusal here (a malformed or over-long head, the cap, a body that never came), and an answer
+the application sent before reading all of the request's body (a 413 or 401 to an upload whose client
+asked for `Connection: close`), end with the connection **closing lingering**: the answer is sent
+with a FIN, and what the client still sends is read and dropped until it closes too (or
+`LINGER_IDLE` passes without a byte, or `LINGER_MAX` in all). Closing at once, with the rest of a
+100 kB URL or of an upload unread, made the kernel reset the connection, and a reset can overtake
+the answer: the client saw "connection reset" or "broken pipe" instead of its 414 (CI, twice) or 413. An over-long head is refused the same way whether it arrives at once (the
 security layer) or in pieces (h11 stops buffering it here): 414 when the request line is what is
 too long, else 400 for the headers, in the error shape of the API its path names.
 
@@ -132,6 +133,67 @@ def _declared_length(headers: Any) -> int:
     return 0
 
 
+class _ClosesLingering(asyncio.Transport):
+    """The connection's transport as uvicorn sees it, closing lingering where an answer was sent before
+    the request's body arrived (`GuardedH11Protocol.owes_linger`); everything else is the socket's."""
+
+    def __init__(self, inner: asyncio.Transport, protocol: GuardedH11Protocol) -> None:
+        super().__init__()
+        self.inner = inner
+        self.protocol = protocol
+
+    def close(self) -> None:
+        if self.protocol.owes_linger():
+            self.protocol.close_lingering()
+        elif not self.protocol.lingering:
+            self.inner.close()
+
+    def is_closing(self) -> bool:
+        return self.inner.is_closing() or self.protocol.lingering
+
+    def write(self, data: Any) -> None:
+        self.inner.write(data)
+
+    def writelines(self, list_of_data: Any) -> None:
+        self.inner.writelines(list_of_data)
+
+    def write_eof(self) -> None:
+        self.inner.write_eof()
+
+    def can_write_eof(self) -> bool:
+        return self.inner.can_write_eof()
+
+    def abort(self) -> None:
+        self.inner.abort()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.inner.get_extra_info(name, default)
+
+    def pause_reading(self) -> None:
+        self.inner.pause_reading()
+
+    def resume_reading(self) -> None:
+        self.inner.resume_reading()
+
+    def is_reading(self) -> bool:
+        return self.inner.is_reading()
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self.inner.set_protocol(protocol)
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self.inner.get_protocol()
+
+    def get_write_buffer_size(self) -> int:
+        return self.inner.get_write_buffer_size()
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self.inner.get_write_buffer_limits()
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self.inner.set_write_buffer_limits(high, low)
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with deadlines, a connection cap and a framing check (see the module)."""
 
@@ -153,8 +215,10 @@ class GuardedH11Protocol(H11Protocol):
 
     # -- the connection cap ------------------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
-        others = [c for c in self.connections if c is not self and not c.transport.is_closing()]
+        others = [c for c in self.connections if c is not self and not _socket_of(c).is_closing()]
         super().connection_made(transport)
+        self.socket_transport: asyncio.Transport = transport
+        self.transport = _ClosesLingering(transport, self)
         self._waiting_since = self.loop.time()
         self._arm_head()
         if len(others) < self.limits.max_connections:
@@ -163,7 +227,7 @@ class GuardedH11Protocol(H11Protocol):
         if waiting:
             victim = min(waiting, key=lambda c: c._waiting_since)
             log.warning("%d connections open (the cap): closing one idle longest", len(others))
-            victim.transport.close()
+            victim.socket_transport.close()
             return
         log.warning("%d connections open (the cap), all busy: refusing a new one", len(others))
         self._refuse(ServiceUnavailable("Too many open connections; try again shortly.", headers={"Retry-After": "1"}))
@@ -208,8 +272,8 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def shutdown(self) -> None:
-        if self.lingering:  # the server is stopping: nothing more is owed here (h11's state is ERROR)
-            self.transport.close()
+        if self.lingering:  # the server is stopping: nothing more is owed here
+            self.socket_transport.close()
             return
         super().shutdown()
 
@@ -224,7 +288,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def _body_expired(self) -> None:
         self._body_timer = None
-        if self.conn.their_state is not h11.SEND_BODY or self.transport.is_closing():
+        if self.conn.their_state is not h11.SEND_BODY or self.socket_transport.is_closing():
             return
         log.info("a request body did not arrive within %g s: closing its connection", self.limits.body_timeout)
         if self.cycle is not None and not self.cycle.response_started:
@@ -232,7 +296,7 @@ class GuardedH11Protocol(H11Protocol):
                 RequestTimeout(f"The request body did not arrive within {self.limits.body_timeout:g} seconds.")
             )
         else:
-            self.transport.close()
+            self.socket_transport.close()  # no lingering: the body is what never came
 
     # -- refusals ------------------------------------------------------------------------------------
     def send_400_response(self, msg: str) -> None:
@@ -272,29 +336,46 @@ class GuardedH11Protocol(H11Protocol):
         if self.cycle is not None:
             self.cycle.disconnected = True  # the application, if it runs, must not answer too
         self.transport.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
-        self._close_lingering()
+        self.close_lingering()
 
     # -- closing without a reset ---------------------------------------------------------------------
-    def _close_lingering(self) -> None:
+    def owes_linger(self) -> bool:
+        """Whether closing now would drop a request body still arriving after its complete answer."""
+        cycle = self.cycle
+        return (
+            not self.lingering
+            and not self.socket_transport.is_closing()
+            and cycle is not None
+            and cycle.response_complete
+            and self.conn.their_state is h11.SEND_BODY
+        )
+
+    def close_lingering(self) -> None:
         """Send the answer with a FIN, then read and drop what the client still sends (see the module)."""
         _cancel(self._head_timer)
         _cancel(self._body_timer)
         self._head_timer = self._body_timer = None
-        if self.lingering:
+        socket = self.socket_transport
+        if self.lingering or socket.is_closing():
             return
-        if not self.transport.can_write_eof():  # pragma: no cover - TLS or a transport without half-close
-            self.transport.close()
+        if not socket.can_write_eof():  # pragma: no cover - TLS or a transport without half-close
+            socket.close()
             return
         self.lingering = True
-        self.transport.write_eof()
+        socket.write_eof()
         self._linger_ends = self.loop.time() + LINGER_MAX
-        self.transport.resume_reading()  # uvicorn may have paused it for a pipelined request
+        socket.resume_reading()  # uvicorn may have paused it for a pipelined request or a big body
         self._linger()
 
     def _linger(self) -> None:
         _cancel(self._linger_timer)
         wait = min(LINGER_IDLE, max(0.0, self._linger_ends - self.loop.time()))
-        self._linger_timer = self.loop.call_later(wait, self.transport.close)
+        self._linger_timer = self.loop.call_later(wait, self.socket_transport.close)
+
+
+def _socket_of(connection: Any) -> asyncio.Transport:
+    """A connection's own socket transport (a lingering one counts against the cap until it closes)."""
+    return getattr(connection, "socket_transport", connection.transport)
 
 
 def _cancel(timer: asyncio.TimerHandle | None) -> None:

@@ -214,6 +214,28 @@ def test_an_over_long_head_gets_one_answer_however_it_arrives_and_no_reset(
         assert time.monotonic() - started < 12
 
 
+@pytest.mark.parametrize("close", ["Connection: close\r\n", "", "HTTP/1.0"], ids=["close", "keep-alive", "http-1.0"])
+def test_an_upload_answered_before_it_is_read_is_not_reset(
+    daemon_factory: Callable[..., LiveDaemon], close: str
+) -> None:
+    """A 413 (declared too big) or a 401 (no token) is sent before the body is read; where the
+    connection then closes (the client asked for it, or spoke HTTP/1.0), it closes lingering: the client
+    sends its 2 MB to the end and reads the answer, instead of a broken pipe or a reset."""
+    live = daemon_factory(max_request_bytes=4096)
+    body = b"{" + b" " * 2_000_000 + b"}"
+    version, extra = ("1.0", "") if close == "HTTP/1.0" else ("1.1", close)
+    for auth, status in ((f"Authorization: Bearer {live.owner_token}\r\n", 413), ("", 401)):
+        head = (
+            f"POST /lmsp/v1/responses HTTP/{version}\r\n{HEAD}{auth}Content-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n{extra}\r\n"
+        )
+        with connect(live) as s:
+            s.sendall(head.encode())
+            send_in_pieces(s, body, 65536)
+            s.shutdown(socket.SHUT_WR)
+            assert statuses(read_all(s)) == [status]
+
+
 def test_the_api_answers_with_1000_slow_connections_open(daemon: LiveDaemon) -> None:
     held: list[socket.socket] = []
     try:
