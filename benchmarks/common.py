@@ -191,7 +191,7 @@ BENCH_SCOPES = (
 def lmsp_service(
     model: Path,
     *,
-    threads: int,
+    threads: int | None,
     extra_env: dict[str, str] | None = None,
     config: str = "",
     beside: tuple[Path, ...] = (),
@@ -208,7 +208,8 @@ def lmsp_service(
         for file in (model, *beside):
             (models / file.name).symlink_to(file)
         (Path(home) / "config").mkdir()
-        (Path(home) / "config" / "config.toml").write_text(f"threads = {threads}\ndemo_model = false\n{config}")
+        fixed = "" if threads is None else f"threads = {threads}\n"  # None: the service's own (planned, yielding)
+        (Path(home) / "config" / "config.toml").write_text(f"{fixed}demo_model = false\n{config}")
         port = free_port()
         env = {**os.environ, "LMSP_TRAY_HOME": home, **(extra_env or {})}
         scopes = [arg for scope in BENCH_SCOPES for arg in ("--scope", scope)]

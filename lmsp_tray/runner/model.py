@@ -42,6 +42,7 @@ from lmsp_tray.errors import (
 )
 from lmsp_tray.protocol.images import IMAGE_MARKER
 from lmsp_tray.runner import backends, kv_states
+from lmsp_tray.runner.cpu_share import YieldingThreads
 from lmsp_tray.runner.draft_model import DraftModel, DraftRefused
 from lmsp_tray.runner.embedder import Embedder
 from lmsp_tray.runner.grammars import GrammarBuilder
@@ -335,6 +336,8 @@ class LlamaModel:
             warm_up=None if llama_cpp.llama_model_has_encoder(model) else max(llama_cpp.llama_vocab_bos(self.vocab), 0),
             vision=self.vision,
             draft_model=self.draft_model,
+            # an explicit `threads` is kept as given; the planned count yields to busy desktops
+            threads=YieldingThreads(plan.threads) if options.threads is None else None,
         )
         self._grammars = GrammarBuilder(self.id, self.vocab, self.scheduler, on_done=self._on_step)
 

@@ -57,6 +57,7 @@ from lmsp_tray.engine.sampling import SamplingParams
 from lmsp_tray.errors import ContextLengthExceeded, InternalError, InvalidRequest, LMSPError, ServiceUnavailable
 from lmsp_tray.runner import kv_states
 from lmsp_tray.runner.batch import Batch, micro_batches, warm_up
+from lmsp_tray.runner.cpu_share import YieldingThreads
 from lmsp_tray.runner.draft_model import MAX_MODEL_DRAFT, DraftModel, DraftWant
 from lmsp_tray.runner.handles import DecodeHandles
 from lmsp_tray.runner.prompt_cache import PromptCache, common_prefix
@@ -136,10 +137,14 @@ class Scheduler:
         warm_up: int | None = None,
         vision: Vision | None = None,
         draft_model: DraftModel | None = None,
+        threads: YieldingThreads | None = None,
     ) -> None:
         """`draft_model`: a small model of the same vocabulary that drafts where prompt lookup proposes
-        nothing (speculative only)."""
+        nothing (speculative only). `threads`: how many CPU threads each decode uses, fewer while other
+        programs keep cores busy (None: the context's own count, always)."""
         self._model = model
+        self._threads = threads
+        self.threads_used = threads.most if threads is not None else 0  # the count set on the context (observable)
         self._draft_model = draft_model if speculative else None
         self._vision = vision
         self._speculative = speculative
@@ -494,6 +499,13 @@ class Scheduler:
                 for j, token in enumerate(slot.fed):
                     batch.put(n + j, token, pos + j, slot.seq_id, last and j == len(slot.fed) - 1)
             n += len(slot.fed)
+        if self._threads is not None:
+            wanted = self._threads.threads()
+            if wanted != self.threads_used:
+                llama_cpp.llama_set_n_threads(self._model.ctx, wanted, wanted)
+                log.debug("%s decodes with %d threads (other programs use %.1f CPUs)", self._model.id, wanted,
+                          self._threads.others)  # fmt: skip
+                self.threads_used = wanted
         started = time.perf_counter()
         result = batch.decode(self._model.ctx, n)
         if n == stepping == len(decoding):  # one token per sequence, no prompt, no drafts: a plain step
