@@ -50,7 +50,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from lmsp_tray.errors import InvalidRequest, LMSPError, RequestTimeout, ServiceUnavailable, UriTooLong
 from lmsp_tray.http.api import Api, ErrorShape, api_for
 from lmsp_tray.http.problems import PROBLEMS
-from lmsp_tray.http.security import MAX_HEAD_BYTES, MAX_HEADER_BYTES, MAX_HEADERS, MAX_URL_BYTES
+from lmsp_tray.http.security import MAX_HEADER_BYTES, MAX_HEADERS, MAX_URL_BYTES
 
 try:
     import resource
@@ -63,7 +63,7 @@ DESCRIPTOR_RESERVE = 256  # descriptors kept for model files, the database, logs
 FD_SOFT_TARGET = 65536  # how far the soft descriptor limit is raised (never past the hard one)
 LINGER_IDLE = 2.0  # after a refusal, how long to wait for the client's next byte before closing anyway
 LINGER_MAX = 10.0  # and how long to read and drop what it sends, in all
-HEAD_KEPT = MAX_HEAD_BYTES  # how much of a request head is kept to say why it was refused
+LINE_KEPT = 512  # how much of a request line is kept to name the API a refusal answers for
 
 
 @dataclass(frozen=True)
@@ -208,7 +208,8 @@ class GuardedH11Protocol(H11Protocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._waiting_since = 0.0
-        self._head = bytearray()  # the start of the request head still arriving (see `_head_too_large`)
+        self._line = bytearray()  # the start of the request line still arriving (see `_shape`)
+        self._line_ended = False  # whether that line has ended (see `_head_too_large`)
         self.lingering = False
         self._linger_timer: asyncio.TimerHandle | None = None
         self._linger_ends = 0.0
@@ -242,16 +243,17 @@ class GuardedH11Protocol(H11Protocol):
             return
         if self._head_timer is None and self.waiting_for_head():
             self._waiting_since = self.loop.time()
-            self._head.clear()
+            self._forget_line()
             self._arm_head()  # a later request on a kept-alive connection: its head is timed from its first byte
-        if self._head_timer is not None and len(self._head) < HEAD_KEPT:
-            self._head += data[: HEAD_KEPT - len(self._head)]
+        if self._head_timer is not None and not self._line_ended:
+            self._line += data[: LINE_KEPT - len(self._line)]
+            self._line_ended = b"\n" in data
         super().data_received(data)
 
     def request_started(self, *, has_body: bool) -> None:
         _cancel(self._head_timer)
         self._head_timer = None
-        self._head.clear()
+        self._forget_line()
         if has_body:
             _cancel(self._body_timer)
             self._body_timer = self.loop.call_later(self.limits.body_timeout, self._body_expired)
@@ -276,6 +278,10 @@ class GuardedH11Protocol(H11Protocol):
             self.socket_transport.close()
             return
         super().shutdown()
+
+    def _forget_line(self) -> None:
+        self._line.clear()
+        self._line_ended = False
 
     def _arm_head(self) -> None:
         _cancel(self._head_timer)
@@ -311,7 +317,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def _head_too_large(self) -> LMSPError:
         """What the security layer answers for the same head arriving at once: 414 for the URL, else 400."""
-        if b"\r\n" not in self._head:
+        if not self._line_ended:
             return UriTooLong(f"The request URL is over {MAX_URL_BYTES:,} bytes; the limit is {MAX_URL_BYTES:,} bytes.")
         return InvalidRequest(
             f"The request headers are over {MAX_HEADER_BYTES} bytes; the limits are {MAX_HEADER_BYTES} bytes and "
@@ -320,7 +326,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def _shape(self) -> ErrorShape:
         """The error shape of the API the refused request's path names (LMSP's where none can be read)."""
-        line = bytes(self._head.split(b"\r\n", 1)[0]).split(b" ")
+        line = bytes(self._line.split(b"\n", 1)[0]).split(b" ")
         if not self.apis or len(line) < 2:
             return PROBLEMS
         return api_for(self.apis, line[1].split(b"?", 1)[0].decode("latin-1")).errors

@@ -14,7 +14,6 @@ import pytest
 from generation import entry_for, generate
 
 from lmsp_tray.engine.load_plan import LoadOptions
-from lmsp_tray.runner import cpu_share
 from lmsp_tray.runner import model as model_module
 from lmsp_tray.runner.cpu_share import CpuSeconds, YieldingThreads, logical_cpus, read_cpu_seconds, threads_for
 from lmsp_tray.runner.model import LlamaModel
@@ -134,7 +133,6 @@ def test_the_count_reaches_the_context_and_leaves_the_text_alone(slow_gguf: Path
         return YieldingThreads(most, read=read, clock=lambda: m.now, cpus=4)
 
     monkeypatch.setattr(model_module, "YieldingThreads", busy_desktop)
-    monkeypatch.setattr(cpu_share, "logical_cpus", lambda: 4)
     yielding = LlamaModel(Runtime(), entry, LoadOptions(speculative=False))
     try:
         scheduler = yielding.scheduler
