@@ -325,7 +325,8 @@ def test_the_keyring_recovers_by_itself(lmsp_home: Path, models_dir: Path) -> No
                 assert "owner_token_id" not in discovery
 
                 start_keyring_daemon(own)  # the keyring comes up
-                wait_until(lambda: tokens.keyring_error is None, 30, "the keyring to be used again", interval=0.05)
+                # The listeners are told on the retry thread just after the state changes: wait for the word.
+                wait_until(lambda: heard, 30, "the keyring to be used again", interval=0.05)
                 assert tokens.keyring_error is None and not tokens.owner_ephemeral and heard == [None]
                 assert real_vault().load(tokens.owner_id) == tokens.owner_secret
                 assert _labels(own.address)[tokens.owner_id] == "lmsp-tray token: lmsp-tray owner"
