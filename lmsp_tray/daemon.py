@@ -624,12 +624,13 @@ class Daemon:
             log.warning("could not write the owner token file %s: %s", token_file.path, exc)
 
     def _keyring_changed(self, error: Any) -> None:
-        """The keyring works again: the persistent owner token is in it now; drop the file."""
+        """The keyring works again: the persistent owner token is in it now; name it in the discovery file,
+        then drop the file (in that order: a CLI reading between the two finds one or the other, never neither)."""
         if error is not None or self._closed:
             return
-        OwnerTokenFile(self.owner_token_file).remove()
         if self.url:
             write_discovery_file(self.paths, self.url, self._discovery_owner_id())
+        OwnerTokenFile(self.owner_token_file).remove()
 
     def _start_keyring_retry(self) -> None:
         interval = self.config.keyring_retry
