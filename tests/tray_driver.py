@@ -152,6 +152,19 @@ class TrayProcess:
         pixels = [tuple(raw[i : i + 3]) for i in range(0, len(raw), 3)]
         return sum(1 for p in pixels if p == fill) / len(pixels)
 
+    def wait_icon_colour(self, name: str, activity: str, share: float = 0.3) -> Path:
+        """Screenshot `name`, again until the icon's pixels are more than `share` in the colour of `activity`.
+
+        The dumped "activity" (and "embedded") change before the icon is painted: the tray picks the image on
+        its poll thread, GTK sets it on its main loop later, and the X server paints it after that.
+        """
+
+        def painted() -> Path | None:
+            shot = self.x.screenshot(name)
+            return shot if self.icon_colour_share(shot, activity) > share else None
+
+        return wait_until(painted, TIMEOUT, f"the {activity} icon painted in the tray ({name})", ignoring=Exception)
+
     def wait_exit(self, timeout: float = TIMEOUT) -> int:
         try:
             return self.proc.wait(timeout)

@@ -113,8 +113,7 @@ def test_icon_appears_menu_opens_click_loads_and_unloads_quit_exits_0(tray_facto
     assert tray.menu()["toolkit"] == "gtk"
     geo = xsession.geometry(window)
     assert geo.width >= 16 and geo.height >= 16
-    shot = xsession.screenshot("tray-icon-idle.png")
-    assert tray.icon_colour_share(shot, "idle") > 0.3, "the idle (blue) icon is not visible in the tray"
+    tray.wait_icon_colour("tray-icon-idle.png", "idle")  # the idle (blue) icon, visible in the tray
     status = tray.wait_item(URL)
     assert status["text"] == f"{URL} \u2014 0 of 3 models loaded"
     # The Gtk menu is exactly the pure model's menu for this state.
@@ -142,9 +141,7 @@ def test_icon_appears_menu_opens_click_loads_and_unloads_quit_exits_0(tray_facto
     assert loading["sensitive"] is False
     tray.show("Models", screenshot="tray-menu-loading.png")
     wait_until(lambda: tray.menu().get("activity") == "loading", TIMEOUT, "the loading icon", ignoring=Exception)
-    time.sleep(0.3)
-    shot = xsession.screenshot("tray-icon-loading.png")
-    assert tray.icon_colour_share(shot, "loading") > 0.3
+    tray.wait_icon_colour("tray-icon-loading.png", "loading")
     (tray.dir / "release-tiny-a").write_text("go")
     tray.wait_event("load_done", "tiny-a")
     loaded = tray.wait_item("Models", "tiny-a", check=lambda i: i["checked"] is True, what="tiny-a checked")
@@ -177,9 +174,7 @@ def test_failed_load_shows_the_reason_and_the_error_icon(tray_factory, xsession)
     notice = tray.wait_item("\u26a0 Could not load broken")
     assert notice["text"] == "\u26a0 Could not load broken: not a GGUF file (bad magic b'PK\\x03\\x04')"  # whole
     wait_until(lambda: tray.menu().get("activity") == "error", TIMEOUT, "the error icon", ignoring=Exception)
-    time.sleep(0.3)
-    shot = xsession.screenshot("tray-icon-error.png")
-    assert tray.icon_colour_share(shot, "error") > 0.3
+    tray.wait_icon_colour("tray-icon-error.png", "error")
     tray.open_menu()
     xsession.screenshot("tray-menu-error.png")
     xsession.keys("Escape")
@@ -234,9 +229,7 @@ def test_api_changes_pairing_token_and_start_at_login(tray_factory, xsession):
     gemma = tray.wait_item("Models", "gemma-3", check=lambda i: i["checked"] is True)
     assert gemma["text"].endswith("\u2014 generating")
     wait_until(lambda: tray.menu().get("activity") == "serving", TIMEOUT, "the serving icon", ignoring=Exception)
-    time.sleep(0.3)
-    shot = xsession.screenshot("tray-icon-serving.png")
-    assert tray.icon_colour_share(shot, "serving") > 0.3
+    tray.wait_icon_colour("tray-icon-serving.png", "serving")
 
     tray.choose("\u201cNotes app\u201d", "Approve", screenshot="tray-menu-pairing.png")
     tray.wait_event("approve_pairing", "pair_01")
