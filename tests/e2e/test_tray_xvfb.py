@@ -243,17 +243,28 @@ def test_api_changes_pairing_token_and_start_at_login(tray_factory, xsession):
         "from gi.repository import Gtk, Gdk;"
         "print(Gtk.Clipboard.get(Gdk.SELECTION_CLIPBOARD).wait_for_text() or '', end='')"
     )
-    clip = subprocess.run(
-        [sys.executable, "-c", reader], env=xsession.env, capture_output=True, text=True, timeout=TIMEOUT
-    )
-    assert clip.stdout == SECRET
-    notes = wait_until(
-        lambda: tray.notifications.exists() and [json.loads(l) for l in tray.notifications.read_text().splitlines()],
+
+    # The backend records the call before the tray puts the secret on the clipboard and then says so.
+    def clipboard() -> str:
+        return subprocess.run(
+            [sys.executable, "-c", reader], env=xsession.env, capture_output=True, text=True, timeout=TIMEOUT
+        ).stdout
+
+    wait_until(
+        lambda: clipboard() == SECRET,
         TIMEOUT,
-        "a notification",
+        lambda: f"the secret on the clipboard, not {clipboard()!r}",
+        interval=0.1,
+    )
+    wait_until(  # the pairing's approval was notified before: wait for this one
+        lambda: any(
+            json.loads(l)["summary"] == "Access token copied to the clipboard"
+            for l in tray.notifications.read_text().splitlines()
+        ),
+        TIMEOUT,
+        "the notification that the token was copied",
         ignoring=Exception,
     )
-    assert any(n["summary"] == "Access token copied to the clipboard" for n in notes)
 
     # Start at login: the checkbox writes and removes the real XDG autostart file.
     desktop = tray.home / ".config" / "autostart" / "lmsp-tray.desktop"
