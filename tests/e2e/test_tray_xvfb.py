@@ -17,6 +17,7 @@ test_tray_daemon_xvfb.py.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -200,7 +201,9 @@ def test_api_changes_pairing_token_and_start_at_login(tray_factory, xsession):
 
     # Changes made through the API show up without touching the menu.
     changed = time.monotonic()
-    (tray.dir / "control.json").write_text(
+    # Whole or not at all (os.replace): the runner's poll reads the file when its mtime changes, and an
+    # empty file caught between the truncation and the write, of the same mtime, would never be read again.
+    (tray.dir / "control.json.tmp").write_text(
         json.dumps(
             {
                 "model_states": {"gemma-3:270m-q4_k_m": "loaded"},
@@ -216,6 +219,7 @@ def test_api_changes_pairing_token_and_start_at_login(tray_factory, xsession):
             }
         )
     )
+    os.replace(tray.dir / "control.json.tmp", tray.dir / "control.json")
     entry = tray.wait_item("\u201cNotes app\u201d")
     print(f"menu followed an API change after {time.monotonic() - changed:.2f} s")
     assert entry["text"] == "\u201cNotes app\u201d \u2014 code WDJB-MJHT"
