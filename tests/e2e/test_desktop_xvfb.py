@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -124,8 +123,7 @@ def test_the_tray_a_person_meets(tmp_path, models_dir, bus, notifications):
 
             # Hover text, and the idle icon (no model in memory).
             assert tray.menu()["tooltip"].startswith("lmsp-tray \u2014 ")
-            shot = x.screenshot("desktop-idle-icon.png")
-            assert colour_share(x, window, shot, "idle") > 0.3
+            tray.wait_icon_colour("desktop-idle-icon.png", "idle")
 
             # A left-click opens the console in the browser (through a private redirect file, so the
             # single-use code is on no command line); it never touches the clipboard.
@@ -169,9 +167,8 @@ def test_the_tray_a_person_meets(tmp_path, models_dir, bus, notifications):
                 wait_until(
                     lambda: tray.menu().get("activity") == "ready", TIMEOUT, "the ready icon", ignoring=Exception
                 )
-                time.sleep(0.3)
-                shot = x.screenshot("desktop-ready-icon.png")
-                assert colour_share(x, window, shot, "ready") > 0.3 and colour_share(x, window, shot, "idle") == 0
+                shot = tray.wait_icon_colour("desktop-ready-icon.png", "ready")
+                assert colour_share(x, window, shot, "idle") == 0
 
                 # A second launch (the launcher clicked again) opens the running one's console.
                 before = len(opened.read_text().split())

@@ -161,8 +161,7 @@ def test_real_program_tray_drives_the_daemon(tray, xsession, models_dir):
     assert tray.menu()["toolkit"] == "gtk"
     geo = xsession.geometry(window)
     assert geo.width >= 16 and geo.height >= 16
-    shot = xsession.screenshot("daemon-tray-icon.png")
-    assert tray.icon_colour_share(shot, "idle") > 0.3, "the idle (blue) icon is not visible in the tray"
+    tray.wait_icon_colour("daemon-tray-icon.png", "idle")  # the idle (blue) icon, visible in the tray
 
     auth = {"Authorization": f"Bearer {tray.token}"}
     with httpx.Client(base_url=url, timeout=60, headers=auth) as api:
