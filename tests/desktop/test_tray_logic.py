@@ -16,7 +16,7 @@ import types
 from pathlib import Path
 
 import pytest
-from support import ROOT
+from support import ROOT, wait_until
 
 from lmsp_tray.desktop.menu import Action, ModelView, PairingView, TrayState, build_menu
 from lmsp_tray.desktop.system import (
@@ -263,13 +263,9 @@ def test_open_folder_runs_the_file_manager_or_says_where_it_is(tmp_path, monkeyp
     tool.write_text(f"#!/bin/sh\nprintf '%s' \"$1\" > '{record}'\n")
     tool.chmod(0o755)
     open_folder(tmp_path / "my models", platform="linux")
-    import time
-
-    for _ in range(200):
-        if record.exists():
-            break
-        time.sleep(0.05)
-    assert record.read_text() == str(tmp_path / "my models")
+    # The shell creates the file before printf writes to it: wait for what it says, not for the file.
+    opened = wait_until(lambda: record.exists() and record.read_text(), 10, "xdg-open to write what it opened")
+    assert opened == str(tmp_path / "my models")
 
 
 # -- menu translation ------------------------------------------------------------------------------
