@@ -142,11 +142,15 @@ def test_the_readme_first_command_gives_a_tray_icon_whose_menu_opens(tmp_path):
 
             x.click(window, 3)  # the menu (a left-click opens the console page in the browser)
             menu = wait_until(x.popup_windows, 30, "the menu window after a click on the icon", ignoring=Exception)[0]
-            time.sleep(0.5)
-            shot = x.screenshot("readme-menu-open.png")
-            background, text = menu_drawn(shot, menu.box())
             assert menu.width > 200 and menu.height > 150, menu
-            assert background > 0.5 and text > 0.005, (background, text)  # a light menu with dark text on it
+            figures: list[tuple[float, float]] = []  # (background, text) of the last screenshot
+
+            def drawn() -> bool:  # mapped is not yet painted: GTK draws the menu after its window maps
+                figures[:] = [menu_drawn(x.screenshot("readme-menu-open.png"), menu.box())]
+                background, text = figures[0]
+                return background > 0.5 and text > 0.005  # a light menu with dark text on it
+
+            wait_until(drawn, 30, lambda: f"the menu drawn, (background, text) {figures}", ignoring=Exception)
             x.keys("Escape")
             wait_until(lambda: not x.popup_windows(), 30, "the menu to close", ignoring=Exception)
 
