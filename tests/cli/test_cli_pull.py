@@ -209,10 +209,19 @@ def test_pull_while_the_service_runs_is_the_services_download(
             stderr=subprocess.PIPE,
             text=True,
         )
+        said: list[str] = []
+        reader = threading.Thread(target=lambda: said.extend(iter(proc.stderr.readline, "")), daemon=True)
+        reader.start()
         assert pause.reached.wait(60)
-        time.sleep(0.5)
+        # The service reaching the pause says nothing of the command: Ctrl+C once it follows the task (its
+        # plan is printed from the task's first event), not while it still waits for the POST's answer.
+        wait_until(lambda: any("On this machine" in line for line in said), 60, "the command to follow the task")
         proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=60)
+        proc.wait(60)
+        reader.join(60)
+        proc.stdout.close()
+        proc.stderr.close()
+        stderr = "".join(said)
         pause.release.set()
         assert proc.returncode == 130, stderr
         assert "Stopped. What was fetched is kept" in stderr and "Traceback" not in stderr
