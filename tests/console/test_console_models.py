@@ -126,7 +126,8 @@ def test_delete_on_the_card_only_for_the_services_own_files(
     wait_until(lambda: not own.exists(), 10, "the file to be deleted")
     # The id passes to the same model in the person's folder (the service's own copy had precedence).
     wait_until(lambda: card.get_by_role("button", name=f"Delete {own_id}").count() == 0, 10, "the card to change")
-    assert "Deleted" in (page.locator(".toast").last.text_content() or "")
+    # The page's 10 s poll can redraw the card before the DELETE's answer reaches the page and its toast.
+    wait_until(lambda: "Deleted" in (page.locator(".toast").last.text_content() or ""), 10, "the toast saying so")
     with console.api() as c:
         assert c.get(f"/models/{own_id}").json()["source"] == "custom"
     console.context.close()
