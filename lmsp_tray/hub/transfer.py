@@ -338,6 +338,10 @@ class _Transfer:
         self._work = work
         self._token = CancelToken()
         self._lock = threading.Lock()
+        # Held while progress is handed out, so a new follower's first report (the last one known)
+        # reaches it before any newer one: its progress never goes back. Reentrant: a follower may
+        # leave from inside its report.
+        self._sending = threading.RLock()
         self._listeners: list[tuple[CancelToken, Report]] = []
         self._last: FileProgress | None = None
         self.done = threading.Event()
@@ -360,21 +364,23 @@ class _Transfer:
             self.done.set()
 
     def _report(self, progress: FileProgress) -> None:
-        with self._lock:
-            self._last = progress
-            listeners = [report for _, report in self._listeners]
-        for report in listeners:
-            try:
-                report(progress)
-            except Exception:  # a follower's bug must not stop the transfer
-                log.exception("download progress listener failed")
+        with self._sending:
+            with self._lock:
+                self._last = progress
+                listeners = [report for _, report in self._listeners]
+            for report in listeners:
+                try:
+                    report(progress)
+                except Exception:  # a follower's bug must not stop the transfer
+                    log.exception("download progress listener failed")
 
     def follow(self, cancel: CancelToken, report: Report) -> None:
-        with self._lock:
-            self._listeners.append((cancel, report))
-            last = self._last
-        if last is not None:
-            report(last)
+        with self._sending:
+            with self._lock:
+                self._listeners.append((cancel, report))
+                last = self._last
+            if last is not None:
+                report(last)
 
     def leave(self, cancel: CancelToken) -> None:
         with self._lock:
