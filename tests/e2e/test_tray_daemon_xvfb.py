@@ -258,6 +258,7 @@ def test_real_program_tray_drives_the_daemon(tray, xsession, models_dir):
         shown_reader, _ = start_stream()
         tray.wait_item("Models", SLOW_ID, check=lambda i: i["text"].endswith("\u2014 generating"))
         wait_until(lambda: tray.menu().get("activity") == "serving", TIMEOUT, "the serving icon", ignoring=Exception)
+        tray.wait_icon_colour("daemon-tray-generating.png", "serving")  # painted, before the menu covers the screen
         tray.show("Models", screenshot="daemon-tray-menu-generating.png")
         assert tray.icon_colour_share(ROOT / "test-artifacts" / "daemon-tray-menu-generating.png", "serving") > 0.3
 
