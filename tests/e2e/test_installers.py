@@ -72,19 +72,26 @@ def checkout_copy(tmp_path: Path) -> Path:
     return repo
 
 
+def install_env(home: Path, **extra: str) -> dict[str, str]:
+    """A desktop user's environment for the install scripts: a fresh HOME, the system PATH, and the caches of
+    this machine (pip's, and installers/install.py's llama-cpp-python wheel for its backend, built once beside
+    pip's), so a test run outside .ci/run, which exports LMSP_WHEEL_CACHE, does not compile llama.cpp again."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "VIRTUAL_ENV", "PYTHON"))}
+    env.update(HOME=str(home), PATH="/usr/local/bin:/usr/bin:/bin", **extra)
+    cache = subprocess.run([sys.executable, "-m", "pip", "cache", "dir"], capture_output=True, text=True).stdout.strip()
+    if cache:
+        env["PIP_CACHE_DIR"] = cache
+        env["LMSP_WHEEL_CACHE"] = os.environ.get("LMSP_WHEEL_CACHE") or str(Path(cache).parent / "lmsp-tray" / "wheels")
+    return env
+
+
 def test_linux_install_then_uninstall_for_real(tmp_path, tiny_gguf):
     """install.sh into a temp HOME: venv, package, launcher, icons, systemd unit; idempotent; uninstall.sh
     stops a running instance first and keeps the models people put in the models folder."""
     home = tmp_path / "home with space"
     home.mkdir()
     repo = checkout_copy(tmp_path)
-    cache = subprocess.run([sys.executable, "-m", "pip", "cache", "dir"], capture_output=True, text=True).stdout.strip()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "VIRTUAL_ENV", "PYTHON"))}
-    env.update(HOME=str(home), PATH="/usr/local/bin:/usr/bin:/bin")
-    if cache:
-        env["PIP_CACHE_DIR"] = cache
-        # installers/install.py's llama-cpp-python wheel for this machine's backend, built once (beside pip's)
-        env["LMSP_WHEEL_CACHE"] = os.environ.get("LMSP_WHEEL_CACHE") or str(Path(cache).parent / "lmsp-tray" / "wheels")
+    env = install_env(home)
     python = pick_python()
 
     first = subprocess.run(
@@ -327,11 +334,7 @@ def test_linux_install_with_prefix_puts_everything_under_it(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     prefix = tmp_path / "pfx"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "VIRTUAL_ENV", "PYTHON"))}
-    env.update(HOME=str(home), PATH="/usr/local/bin:/usr/bin:/bin", LMSP_TRAY_PIP_ARGS="--no-deps")
-    cache = subprocess.run([sys.executable, "-m", "pip", "cache", "dir"], capture_output=True, text=True).stdout.strip()
-    if cache:
-        env["PIP_CACHE_DIR"] = cache
+    env = install_env(home, LMSP_TRAY_PIP_ARGS="--no-deps")
     out = subprocess.run(
         ["sh", str(LINUX / "install.sh"), "--python", pick_python(), "--prefix", str(prefix), "--systemd"],
         env=env,
