@@ -12,6 +12,7 @@ from pathlib import Path
 import llama_cpp
 import pytest
 from generation import entry_for, generate
+from support import wait_until
 
 from lmsp_tray.engine.load_plan import LoadOptions
 from lmsp_tray.runner import model as model_module
@@ -105,9 +106,15 @@ def test_busy_processes_on_this_machine_take_threads_and_give_them_back() -> Non
             process.kill()
         for process in busy:
             process.wait()
-    threads = YieldingThreads(cpus, interval=0.5)
-    time.sleep(0.8)
-    assert threads.threads() == min(cpus, threads.most), threads.others
+
+    # Given back: the plan's count once a half second passes quiet. The tests' own machine is not always
+    # quiet (a noisy neighbour's steal time counts as busy, as it should): any quiet window in 30 s does.
+    def measured() -> int:  # one real half-second window (the first call only says the plan's count)
+        threads = YieldingThreads(cpus, interval=0.5)
+        time.sleep(0.6)
+        return threads.threads()
+
+    wait_until(lambda: measured() == cpus, 30, f"the count back at {cpus}", interval=0)
 
 
 def test_the_count_reaches_the_context_and_leaves_the_text_alone(slow_gguf: Path, monkeypatch) -> None:
