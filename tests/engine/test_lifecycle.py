@@ -24,10 +24,13 @@ def other_model(models_dir: Path) -> Path:
 
 
 def test_idle_unload_after_keep_alive(daemon_factory) -> None:
-    live = daemon_factory(keep_alive=0.5)
+    live = daemon_factory(keep_alive=2.0)
     with httpx.Client(base_url=live.url, timeout=60, headers=live.auth_headers) as c:
         assert c.post("/responses", json=body(max_output_tokens=2)).status_code == 200
-        assert state(c, TINY_ID) == "loaded"
+        answered = time.monotonic()
+        now = state(c, TINY_ID)
+        # Still loaded within its keep-alive (a busy machine may take longer than that to ask: then unloaded is right).
+        assert now == "loaded" or time.monotonic() - answered >= 2.0, now
         wait_until(lambda: state(c, TINY_ID) == "available", 10, "the idle model to be unloaded")
 
 
