@@ -257,12 +257,17 @@ def test_the_xorg_icon_survives_non_latin1_text_and_says_it_has_no_menu(tmp_path
             window = tray.icon_window()
             text = tray.said("PYSTRAY_BACKEND=xorg: this icon has no menu; install PyGObject")  # said just after:
             assert "from the system tray (xorg). Click the icon for its state" in text
-            d = xdisplay.Display(x.display_name)
-            try:
-                name = d.create_resource_object("window", window).get_wm_name()
-            finally:
-                d.close()
-            assert name.startswith("lmsp-tray - ") and url in name  # the em dash, spelled for Latin-1
+
+            def wm_name() -> str:
+                d = xdisplay.Display(x.display_name)
+                try:
+                    return str(d.create_resource_object("window", window).get_wm_name())
+                finally:
+                    d.close()
+
+            # The title names the URL once the tray's poll has seen the service (after service.json is written).
+            name = wait_until(lambda: url in wm_name() and wm_name(), TIMEOUT, lambda: f"the URL in {wm_name()!r}")
+            assert name.startswith("lmsp-tray - ")  # the em dash, spelled for Latin-1
             # A click shows the state in a notification (there is no menu to open).
             x.click(window, 1)
             status = notifications.wait(lambda n: n["summary"] == "lmsp-tray", what="the status notification")
