@@ -13,7 +13,6 @@ The notification server is `tests/notify_server.py` (`NotifyServer`).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -24,7 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Self
 
-from support import ROOT, TESTS, wait_until
+from support import ROOT, TESTS, json_lines, wait_until
 
 
 def dbus_missing() -> str | None:
@@ -102,10 +101,7 @@ class DBusFake:
         wait_until(ready, 30, f"the fake {kind} to start", interval=0.05)
 
     def records(self) -> list[dict]:
-        try:
-            return [json.loads(line) for line in self.out.read_text(encoding="utf-8").splitlines() if line]
-        except OSError:
-            return []
+        return json_lines(self.out)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

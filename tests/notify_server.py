@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import wait_until
+from support import json_lines, wait_until
 
 XML = """
 <node>
@@ -157,11 +157,7 @@ class NotifyServer:
         wait_until(ready, 30, "the test notification server to start", interval=0.05)
 
     def records(self, event: str = "notify") -> list[dict]:
-        try:
-            lines = self.out.read_text(encoding="utf-8").splitlines()
-        except OSError:
-            return []
-        return [doc for doc in map(json.loads, lines) if doc["event"] == event]
+        return [doc for doc in json_lines(self.out) if doc["event"] == event]
 
     def wait(self, match, timeout: float = 30, what: str = "a notification") -> dict:
         return wait_until(

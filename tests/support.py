@@ -236,6 +236,18 @@ async def until(condition: Callable[[], T], timeout: float = 30.0, what: str = "
     return value
 
 
+def json_lines(path: Path) -> list[Any]:
+    """The JSON lines another process has written whole to `path` so far ([] before the file exists).
+
+    The one way tests read a record file that a helper process appends to while they poll it: a line
+    not yet ended by its newline is still being written and is not read."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return []
+    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
+
+
 def wait_task(c: httpx.Client, task_id: str, statuses: set[str], timeout: float = 120) -> dict:
     """Poll `GET /tasks/{id}` until the task reaches one of `statuses`; return its document."""
     last: dict = {}

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from support import wait_until
+from support import json_lines, wait_until
 from xvfb import XSession
 
 from lmsp_tray.desktop.icons import COLOURS
@@ -47,11 +47,7 @@ class TrayProcess:
             return {}
 
     def events(self) -> list[dict]:
-        try:
-            lines = (self.dir / "events.jsonl").read_text().splitlines()
-        except OSError:
-            return []
-        return [json.loads(line) for line in lines if line.strip()]
+        return json_lines(self.dir / "events.jsonl")
 
     def wait_event(self, event: str, arg: object = None) -> dict:
         def found():

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from hub_server import FakeHub
 from hub_support import TINY, fake_hub, hub  # noqa: F401
-from support import cli_token, wait_until
+from support import cli_token, json_lines, wait_until
 from tray_driver import TIMEOUT, TrayProcess
 from xvfb import ROOT, XSession, missing_tools
 
@@ -99,15 +99,10 @@ class DownloadTray(TrayProcess):
         return wait_until(read, 120, "service.json", ignoring=Exception)
 
     def notified(self) -> list[str]:
-        try:
-            lines = self.notifications.read_text().splitlines()
-        except OSError:
-            return []
-        out = []
-        for line in lines:
-            note = json.loads(line)
-            out.append(" ".join(str(note.get(k, "")) for k in ("summary", "body")).strip())
-        return out
+        return [
+            " ".join(str(note.get(k, "")) for k in ("summary", "body")).strip()
+            for note in json_lines(self.notifications)
+        ]
 
 
 def test_the_menu_follows_a_download_and_a_notification_ends_it(xsession, tmp_path: Path, hub: FakeHub) -> None:

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import wait_until
+from support import json_lines, wait_until
 from tray_driver import TIMEOUT, TrayProcess, as_shown, shown
 from xvfb import ROOT, XSession, missing_tools, spec_keys
 
@@ -284,7 +284,7 @@ def test_api_changes_pairing_token_and_start_at_login(tray_factory, xsession):
 
     tray.choose("Quit", closes=False)  # the process ends: no more menu dumps
     assert tray.wait_exit() == 0
-    notes = [json.loads(l) for l in tray.notifications.read_text().splitlines()]
+    notes = json_lines(tray.notifications)
     assert all(SECRET not in n["summary"] + n["body"] for n in notes)
     assert SECRET not in tray.text_written()
     assert "Traceback" not in tray.output.read_text()
