@@ -266,7 +266,9 @@ def test_the_xorg_icon_survives_non_latin1_text_and_says_it_has_no_menu(tmp_path
                     d.close()
 
             # The title names the URL once the tray's poll has seen the service (after service.json is written).
-            name = wait_until(lambda: url in wm_name() and wm_name(), TIMEOUT, lambda: f"the URL in {wm_name()!r}")
+            name = wait_until(
+                lambda: n if url in (n := wm_name()) else None, TIMEOUT, lambda: f"the URL in {wm_name()!r}"
+            )
             assert name.startswith("lmsp-tray - ")  # the em dash, spelled for Latin-1
             # A click shows the state in a notification (there is no menu to open).
             x.click(window, 1)

@@ -261,10 +261,7 @@ def test_api_changes_pairing_token_and_start_at_login(tray_factory, xsession):
         interval=0.1,
     )
     wait_until(  # the pairing's approval was notified before: wait for this one
-        lambda: any(
-            json.loads(l)["summary"] == "Access token copied to the clipboard"
-            for l in tray.notifications.read_text().splitlines()
-        ),
+        lambda: any(n["summary"] == "Access token copied to the clipboard" for n in json_lines(tray.notifications)),
         TIMEOUT,
         "the notification that the token was copied",
         ignoring=Exception,
