@@ -83,11 +83,22 @@ def cpu_line() -> str:
     return f"{name}, {os.cpu_count()} CPUs, {' '.join(f for f in VECTOR_FLAGS if f in flags) or 'no AVX2'}"
 
 
+def weights_unrepacked() -> bool:
+    """Whether the service keeps the weights unrepacked here: where the llama.cpp build it runs (the
+    `llama_cpp` package's, or the one `LLAMA_CPP_LIB_PATH` names) has the AMX buffer type, whose path
+    crashed on Gemma's K-quants (`runner/model.py`). The same question the service asks, of the same
+    build; an AVX2-only build of the same sources repacks, as on a CPU without AMX."""
+    sys.path.insert(0, str(ROOT))
+    from lmsp_tray.runner.backends import cpu_extra_buffer_types
+
+    return "AMX" in cpu_extra_buffer_types()
+
+
 def llama_server_cpu_args() -> list[str]:
-    """llama-server's arguments that make it run the kernels lmsp-tray runs on this CPU: where the CPU
-    has AMX the service keeps the weights unrepacked (llama.cpp's AMX path crashed on Gemma's K-quants,
-    `runner/model.py`), so llama-server gets `--no-repack` there too."""
-    return ["--no-repack"] if "amx_tile" in cpu_flags() else []
+    """llama-server's arguments that make it run the kernels lmsp-tray runs on this CPU: where the
+    service keeps the weights unrepacked (`weights_unrepacked`), llama-server gets `--no-repack` too.
+    The llama-server built beside a `LLAMA_CPP_LIB_PATH` build is built with the same options."""
+    return ["--no-repack"] if weights_unrepacked() else []
 
 
 def free_port() -> int:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import llama_cpp
 import numpy as np
-from common import cpu_flags, cpu_line, gemma_path, physical_cores
+from common import cpu_line, gemma_path, physical_cores, weights_unrepacked
 
 
 class Ceiling:
@@ -35,7 +35,7 @@ class Ceiling:
         self._quiet = llama_cpp.llama_log_callback(lambda level, text, data: None)  # kept alive with self
         llama_cpp.llama_log_set(self._quiet, ctypes.c_void_p(0))
         mparams = llama_cpp.llama_model_default_params()
-        if "amx_tile" in cpu_flags():  # as the service and `llama_server_cpu_args` do
+        if weights_unrepacked():  # as the service and `llama_server_cpu_args` do
             mparams.use_extra_bufts = False
         self.model = llama_cpp.llama_model_load_from_file(str(model).encode(), mparams)
         cparams = llama_cpp.llama_context_default_params()

@@ -1,6 +1,6 @@
 """llama.cpp's backends and devices, as ggml's registry lists them, read straight from its libraries.
 
-Why ctypes on the shared libraries inside the `llama_cpp` package rather than the package itself:
+Why ctypes on the shared libraries `llama_cpp` loads (`library_folder`) rather than the package itself:
 the device probe (`probe`) runs at every service start and the `llama_cpp` module takes about half
 a second to import (numpy, thousands of function bindings), where loading `libllama` and asking
 ggml takes a tenth of that. `runtime.Runtime` lists its devices the same way. The answer is
@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import logging
+import os
 from pathlib import Path
 
 from lmsp_tray.engine.devices import CPU_BACKENDS, GPU_TYPES, DeviceInfo, Devices
@@ -24,13 +25,26 @@ GGML_NAMES = ("libggml.so", "libggml.dylib", "ggml.dll", "libggml-base.so", "lib
 LLAMA_NAMES = ("libllama.so", "libllama.dylib", "llama.dll")
 
 
-def library(names: tuple[str, ...]) -> ctypes.CDLL | None:
-    """The first of `names` that loads from the `llama_cpp` package's `lib` folder (the package is
-    found, not imported)."""
+def library_folder() -> Path | None:
+    """Where `llama_cpp` loads llama.cpp's libraries from: `LLAMA_CPP_LIB_PATH` where it is set (as
+    `llama_cpp` itself reads it: another build of the same llama.cpp, e.g. one made for a GPU or for
+    older CPUs), else the package's `lib` folder (the package is found, not imported). Asking any
+    other copy would describe a build the model process does not run, and load a second ggml with
+    its own backends beside the one that decodes."""
+    override = os.environ.get("LLAMA_CPP_LIB_PATH")
+    if override:
+        return Path(override)
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or spec.origin is None:
         return None
-    lib_dir = Path(spec.origin).parent / "lib"
+    return Path(spec.origin).parent / "lib"
+
+
+def library(names: tuple[str, ...]) -> ctypes.CDLL | None:
+    """The first of `names` that loads from `library_folder()`."""
+    lib_dir = library_folder()
+    if lib_dir is None:
+        return None
     for name in names:
         candidate = lib_dir / name
         if candidate.exists():
