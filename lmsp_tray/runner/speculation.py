@@ -209,13 +209,21 @@ class Recent:
         function over orders or invoices) share their endings, and the newest may be another
         document's answer, which drafts wrongly at every name that differs."""
         n = len(key)
+        here = len(tokens)
         best: tuple[list[int], int, int] | None = None
         for lookup in self._lookups:
-            at = lookup.find(key)
-            if at is not None:
-                agree = reach(lookup.tokens, at - n, tokens, n)
-                if best is None or agree > best[2]:
-                    best = (lookup.tokens, at, agree)
+            other = lookup.tokens
+            # Where the key stands at the present's own position (the same prompt asked again), and
+            # where it last occurs: the index keeps only the latest occurrence, and an answer that
+            # repeats itself holds the key again later, where its agreement with the present is
+            # shorter and its end cuts the draft short.
+            aligned = here if here < len(other) and tuple(other[here - n : here]) == key else None
+            latest = lookup.find(key)
+            for at in (aligned, latest) if latest != aligned else (aligned,):
+                if at is not None:
+                    agree = reach(other, at - n, tokens, n)
+                    if best is None or agree > best[2]:
+                        best = (other, at, agree)
         return best
 
 

@@ -342,6 +342,24 @@ def test_a_request_asked_again_drafts_from_the_earlier_answer() -> None:
     assert again.draft(2, 40) == answer[1:41]
 
 
+def test_an_earlier_answer_that_repeats_itself_drafts_from_where_the_present_stands() -> None:
+    """A small model's answer often repeats itself (Gemma 3 270M goes on after an edited text, copying
+    it again). Asked again, the present's 24 tokens also occur in the repetition, later, where the index
+    points; there the answer agrees with the present over a few tokens only and ends soon. The place
+    where the present stands in the earlier answer (the same prompt: the same position) agrees over the
+    whole prompt and drafts on, long."""
+    prompt, part = list(range(100, 140)), list(range(500, 580))
+    answer = [*part, *part, 7, 8]
+    recent = Recent()
+    answered(recent, [*prompt, *answer], len(prompt))
+    present = [*prompt, *part[:30]]
+    assert recent.find(present, tuple(part[6:30])) == ([*prompt, *answer], len(present), 46)
+    assert PromptLookup(present, recent).draft(2, 100) == answer[30 : 30 + RECALLED_DRAFT]
+    # A present at another position (a longer prompt) still finds the latest occurrence.
+    shifted = [1, *present]
+    assert recent.find(shifted, tuple(part[6:30])) == ([*prompt, *answer], len(prompt) + 110, 6)
+
+
 def test_the_match_that_agrees_further_back_wins() -> None:
     """Asked again to edit a text: the prompt's copy of the text drafts the unedited token, the earlier
     answer the edit; the earlier answer agrees with the present further back, so it drafts."""
