@@ -37,9 +37,11 @@ and a long match (12 or 24 tokens) is also looked up there: the earlier answer d
 from its first token, through the edits a copy of the prompt would draft wrongly. llama.cpp's
 `ngram-mod` keeps its table across requests for the same reason, and a code edit asked again took 15
 decode steps with it against 100 for prompt lookup alone (`benchmarks/README.md`, 2 December 2026).
-Where both the sequence's own tokens and a recent sequence hold the match, the one whose agreement
-with the present reaches further back wins (the earlier answer, not the prompt's copy of the text
-it edits). Where that agreement spans `RECALL` tokens (the same request again, or well into its
+A recent sequence is looked at where the match last occurs in it and where the present stands in
+it (the same prompt asked again: an answer that repeats itself holds the match again later, where it
+agrees over a few tokens and soon ends). Where both the sequence's own tokens and a recent sequence
+hold the match, the one whose agreement with the present reaches further back wins (the earlier
+answer, not the prompt's copy of the text it edits). Where that agreement spans `RECALL` tokens (the same request again, or well into its
 answer), the draft may be `RECALLED_DRAFT` long: such a draft rarely runs past its run's end, and
 at 32 a repeated edit took 19 steps where `ngram-mod`'s 64 took 10 (replayed: 0.95-1.37x of it,
 and 1.00-1.45x at 62). Drafts are verified the same way whatever their source. What `Recent` holds
@@ -217,13 +219,14 @@ class Recent:
             # where it last occurs: the index keeps only the latest occurrence, and an answer that
             # repeats itself holds the key again later, where its agreement with the present is
             # shorter and its end cuts the draft short.
-            aligned = here if here < len(other) and tuple(other[here - n : here]) == key else None
+            places = [here] if here < len(other) and tuple(other[here - n : here]) == key else []
             latest = lookup.find(key)
-            for at in (aligned, latest) if latest != aligned else (aligned,):
-                if at is not None:
-                    agree = reach(other, at - n, tokens, n)
-                    if best is None or agree > best[2]:
-                        best = (other, at, agree)
+            if latest is not None and latest not in places:
+                places.append(latest)
+            for at in places:
+                agree = reach(other, at - n, tokens, n)
+                if best is None or agree > best[2]:
+                    best = (other, at, agree)
         return best
 
 
