@@ -5,12 +5,12 @@ Why a module: the generation scheduler (`scheduler`) and the embedding model's t
 (`capacity` tokens, each in one sequence), filled position by position before every
 decode, freed when the model closes. The ctypes field writes live here once (llama-cpp-python's
 stubs type the pointer fields as arrays of arrays, so the batch is `Any` to the type checker), and so
-does what llama.cpp makes of a batch's order (`micro_batches`).
+does what llama.cpp makes of a batch's order (`micro_batches`) and shape (`even_drafts`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import llama_cpp
@@ -58,6 +58,24 @@ def micro_batches(seq_ids: Iterable[int]) -> int:
     writes its batches in sequence order and admits a request where it leaves fewest gaps."""
     ids = sorted(set(seq_ids))
     return sum(1 for i, seq in enumerate(ids) if i == 0 or seq != ids[i - 1] + 1)
+
+
+def even_drafts(drafts: Mapping[int, Sequence[int]]) -> dict[int, Sequence[int]]:
+    """The drafts of the sequences that decode in one step, each cut to the shortest drafted.
+
+    Why: with a KV stream per sequence, llama.cpp's `split_equal` takes the same number of tokens of
+    every sequence into a micro-batch, and each micro-batch is a pass over the weights. Sequences that
+    feed 1, 4, 9 and 17 tokens (their next token and a draft each) make four passes; cut to one length,
+    a step makes at most two (sequences with no draft feed their one token in the first). Eight stories
+    decoding at once (Gemma 3 270M, in process, 96 tokens each, drafts kept about half the time) took
+    a step of up to six passes, and drafting gained 1.01x over not drafting; cut, 1.28x (four stories:
+    1.40x, cut 1.49x). What is cut is the longer drafts' tails: beside others a sequence copying a
+    long passage drafts it over more steps; alone it drafts as long as before."""
+    lengths = [len(draft) for draft in drafts.values() if draft]
+    if len(set(lengths)) <= 1:
+        return dict(drafts)
+    shortest = min(lengths)
+    return {seq: draft[:shortest] for seq, draft in drafts.items()}
 
 
 def warm_up(ctx: Any, memory: Any, token: int) -> bool:

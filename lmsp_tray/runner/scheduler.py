@@ -56,7 +56,7 @@ from lmsp_tray.engine.jobs import (
 from lmsp_tray.engine.sampling import SamplingParams
 from lmsp_tray.errors import ContextLengthExceeded, InternalError, InvalidRequest, LMSPError, ServiceUnavailable
 from lmsp_tray.runner import kv_states
-from lmsp_tray.runner.batch import Batch, micro_batches, warm_up
+from lmsp_tray.runner.batch import Batch, even_drafts, micro_batches, warm_up
 from lmsp_tray.runner.cpu_share import YieldingThreads
 from lmsp_tray.runner.draft_model import MAX_MODEL_DRAFT, DraftModel, DraftWant
 from lmsp_tray.runner.handles import DecodeHandles
@@ -474,6 +474,7 @@ class Scheduler:
                 drafts[seq] = guess
             for slot in decoding:
                 slot.guessed = slot.seq_id in guesses
+        drafts = even_drafts(drafts)  # one draft length a step: fewer passes over the weights
         for slot in decoding:
             slot.draft = drafts[slot.seq_id]
             slot.fed = (slot.last_token, *slot.draft)

@@ -12,7 +12,7 @@ from support import SLOW_ID, SSE, TINY_ID, LiveDaemon, body, events, iter_sse, s
 
 from lmsp_tray.engine.jobs import GenerationJob
 from lmsp_tray.engine.load_plan import LoadOptions
-from lmsp_tray.runner.batch import micro_batches
+from lmsp_tray.runner.batch import even_drafts, micro_batches
 from lmsp_tray.runner.model import LlamaModel
 from lmsp_tray.runner.runtime import Runtime
 
@@ -177,6 +177,15 @@ def test_micro_batches_are_the_runs_of_consecutive_sequence_ids() -> None:
         2,
         3,
     ]
+
+
+def test_drafts_sharing_a_step_are_cut_to_one_length() -> None:
+    """llama.cpp takes equal token counts of each sequence into a micro-batch (a KV stream each): one
+    draft length a step keeps a shared step to two passes (sequences without a draft feed one token)."""
+    assert even_drafts({0: [5, 6, 7, 8], 1: [], 2: [9, 10], 3: [1, 2, 3]}) == {0: [5, 6], 1: [], 2: [9, 10], 3: [1, 2]}
+    assert even_drafts({0: [5, 6, 7, 8]}) == {0: [5, 6, 7, 8]}  # alone: as drafted
+    assert even_drafts({0: [1, 2], 1: [3, 4], 2: []}) == {0: [1, 2], 1: [3, 4], 2: []}
+    assert even_drafts({}) == {}
 
 
 def test_a_newcomer_takes_the_free_slot_that_keeps_the_running_sequences_together(slow_gguf: Path) -> None:

@@ -9,6 +9,7 @@ Prompt lookup itself is tested as logic below, and on Gemma by `benchmarks/edit_
 
 from __future__ import annotations
 
+import collections
 import json
 import queue
 import threading
@@ -20,6 +21,7 @@ import pytest
 from lmsp_tray.discovery.entry import GGUFInfo, ModelEntry
 from lmsp_tray.engine.jobs import CANCELLED, LENGTH, Finish, GenerationJob, TokenLogprob
 from lmsp_tray.engine.sampling import SamplingParams
+from lmsp_tray.runner.batch import Batch
 from lmsp_tray.runner.model import LlamaModel, LoadOptions
 from lmsp_tray.runner.runtime import Runtime
 from lmsp_tray.runner.speculation import (
@@ -191,9 +193,27 @@ def test_verified_draft_tokens_carry_their_log_probabilities(plain: LlamaModel, 
     assert spec.scheduler.accepted > accepted, "no draft was kept: the test did not test verified tokens"
 
 
-def test_greedy_output_is_identical_batched_with_three_others(plain: LlamaModel, spec: LlamaModel) -> None:
+def test_greedy_output_is_identical_batched_with_three_others(
+    plain: LlamaModel, spec: LlamaModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four sequences drafting together (the oracle's drafts grow and shrink with each one's luck) give
+    what each gives without drafts, and every shared step feeds one draft length (`even_drafts`): each
+    decoding sequence one token, or that token and a draft of the step's one length."""
     expected = {p: run(plain, p)[0] for p in PROMPTS}
     record(spec, PROMPTS, GREEDY, 60)
+    shapes: list[list[int]] = []
+    real = Batch.decode
+
+    def decode(self: Batch, ctx: object, n: int) -> int:
+        fed, with_logits = collections.Counter[int](), collections.Counter[int]()
+        for i in range(n):
+            seq = self.raw.seq_id[i][0]
+            fed[seq] += 1
+            with_logits[seq] += bool(self.raw.logits[i])
+        shapes.append(sorted(count for seq, count in fed.items() if with_logits[seq] == count))  # decoding ones
+        return real(self, ctx, n)
+
+    monkeypatch.setattr(Batch, "decode", decode)
     barrier = threading.Barrier(len(PROMPTS))
     results: dict[str, str] = {}
 
@@ -209,6 +229,9 @@ def test_greedy_output_is_identical_batched_with_three_others(plain: LlamaModel,
     assert results == expected
     drafts_ran(spec)
     assert max(spec.stats(batches=True).batch_sizes) > len(PROMPTS), "drafts should have shared the others' steps"
+    shared = [shape for shape in shapes if len(shape) > 1 and max(shape) > 1]
+    assert shared, "no step had drafts beside other sequences"
+    assert all(len(set(shape) - {1}) == 1 for shape in shared), f"a shared step fed drafts of several lengths: {shared}"
 
 
 def test_seeded_sampling_is_unchanged_by_drafts(plain: LlamaModel, spec: LlamaModel) -> None:
