@@ -68,8 +68,8 @@ def even_drafts(drafts: Mapping[int, Sequence[int]]) -> dict[int, Sequence[int]]
     feed 1, 4, 9 and 17 tokens (their next token and a draft each) make four passes; cut to one length,
     a step makes at most two (sequences with no draft feed their one token in the first). Eight stories
     decoding at once (Gemma 3 270M, in process, 96 tokens each, drafts kept about half the time) took
-    a step of up to six passes, and drafting gained 1.01x over not drafting; cut, 1.28x (four stories:
-    1.40x, cut 1.49x). What is cut is the longer drafts' tails: beside others a sequence copying a
+    a step of up to six passes, and drafting gained 1.01x over not drafting; cut, 1.21-1.28x (four
+    stories: 1.40x, cut 1.49-1.51x). What is cut is the longer drafts' tails: beside others a sequence copying a
     long passage drafts it over more steps; alone it drafts as long as before."""
     lengths = [len(draft) for draft in drafts.values() if draft]
     if len(set(lengths)) <= 1:
