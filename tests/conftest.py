@@ -10,7 +10,7 @@ import sys
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import httpx
 import pytest
@@ -111,6 +111,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if unmarked:
         raise pytest.UsageError("these tests use the Gemma file; mark them @pytest.mark.gemma: " + ", ".join(unmarked))
     mark_vulkan_tests(items)
+
+
+class _Closeable(Protocol):
+    def close(self) -> None: ...  # pragma: no cover
+
+
+Client = TypeVar("Client", bound=_Closeable)
+
+
+@pytest.fixture
+def closing() -> Iterator[Callable[[Client], Client]]:
+    """`closing(client)`: an API client the test makes (OpenAI's or Anthropic's SDK), closed when the test
+    ends. A client left open keeps its pooled connection, and the garbage collector's ResourceWarning for
+    that socket fails whichever later test it happens to run in (test_errors_in_anthropic_shape's clients
+    once failed test_openapi.py)."""
+    made: list[_Closeable] = []
+
+    def close_later(client: Client) -> Client:
+        made.append(client)
+        return client
+
+    yield close_later
+    for client in made:
+        client.close()
 
 
 @pytest.fixture

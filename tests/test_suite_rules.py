@@ -9,6 +9,7 @@ Each file runs in a real pytest subprocess under this checkout's configuration.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -94,3 +95,37 @@ def test_an_unclosed_socket_fails_a_later_test_which_names_the_test_and_line_tha
     assert "::test_leaks ran, in thread 'MainThread', from:" in section, text
     line = LEAK.splitlines().index("    client = socket.create_connection(server.getsockname())") + 1
     assert f"test_rule.py:{line} in test_leaks" in section, text
+
+
+SDK_CLIENT = re.compile(r"\b(?:openai\.(?:Async)?OpenAI|anthropic\.(?:Async)?Anthropic|ollama\.(?:Async)?Client)\(")
+
+
+def test_every_sdk_client_a_test_makes_is_closed() -> None:
+    """An SDK client left open keeps its pooled connection until the garbage collector finds it, and the
+    ResourceWarning then fails whichever later test the collector runs in (test_openapi.py failed a full
+    run for two clients test_errors_in_anthropic_shape made). So each is made in a `with`, handed to the
+    `closing` fixture, closed by a finalizer or a `try` on the next line, or (an async client, closed in
+    its own event loop) closed by name with `await <name>.close()` or `async with <name>`."""
+    unclosed = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        if "node_modules" in path.parts:
+            continue
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        for i, line in enumerate(lines):
+            found = SDK_CLIENT.search(line)
+            if found is None or line.lstrip().startswith("#"):
+                continue
+            before, after = line[: found.start()], " ".join(lines[i + 1 : i + 2])
+            named = re.match(r"\s*(\w+) = ", line)
+            if (
+                "with " in before
+                or "closing(" in before
+                or "with (" in lines[i - 1]
+                or "addfinalizer" in after
+                or after.strip() == "try:"
+                or (named and re.search(rf"await {named[1]}\.close\(\)|async with {named[1]}\b", text))
+            ):
+                continue
+            unclosed.append(f"{path.relative_to(ROOT)}:{i + 1}: {line.strip()}")
+    assert not unclosed, "SDK clients never closed:\n" + "\n".join(unclosed)

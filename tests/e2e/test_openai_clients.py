@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 import openai
@@ -135,7 +135,7 @@ def test_agents_function_tool_round_trip(v1: tuple[str, str]) -> None:
 # -- LangChain ---------------------------------------------------------------------------------
 
 
-def test_langchain_invoke_stream_tools_and_previous_response_id(v1: tuple[str, str]) -> None:
+def test_langchain_invoke_stream_tools_and_previous_response_id(v1: tuple[str, str], closing: Callable) -> None:
     from langchain_core.messages import HumanMessage
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
@@ -154,7 +154,7 @@ def test_langchain_invoke_stream_tools_and_previous_response_id(v1: tuple[str, s
     # use_previous_response_id: only the new message goes out, with the last response's id
     second = llm.invoke([HumanMessage("Say hi"), first, HumanMessage("Again")])
     assert second.text
-    sdk = openai.OpenAI(base_url=v1[0], api_key=v1[1], max_retries=0)
+    sdk = closing(openai.OpenAI(base_url=v1[0], api_key=v1[1], max_retries=0))
     stored = sdk.responses.retrieve(second.response_metadata["id"])
     assert stored.previous_response_id == first.response_metadata["id"]  # 404 before: store was off
     sent = sdk.responses.input_items.list(stored.id).data
@@ -204,7 +204,7 @@ def test_pydantic_ai_text_and_stream(v1: tuple[str, str]) -> None:
     assert asyncio.run(streamed())
 
 
-def test_pydantic_ai_tool_or_output_uses_allowed_tools(v1: tuple[str, str]) -> None:
+def test_pydantic_ai_tool_or_output_uses_allowed_tools(v1: tuple[str, str], closing: Callable) -> None:
     from pydantic_ai import Agent, ToolOrOutput
 
     calls: list[str] = []
@@ -227,7 +227,7 @@ def test_pydantic_ai_tool_or_output_uses_allowed_tools(v1: tuple[str, str]) -> N
     result = agent.run_sync("Weather in Paris?")  # 400 before: tool_choice allowed_tools
     assert isinstance(result.output, str)
     first_id = result.all_messages()[1].provider_response_id  # type: ignore[union-attr]
-    stored = openai.OpenAI(base_url=v1[0], api_key=v1[1], max_retries=0).responses.retrieve(first_id)
+    stored = closing(openai.OpenAI(base_url=v1[0], api_key=v1[1], max_retries=0)).responses.retrieve(first_id)
     choice = stored.model_dump()["tool_choice"]
     assert choice["type"] == "allowed_tools" and [t["name"] for t in choice["tools"]] == ["get_weather"]
 

@@ -11,7 +11,7 @@ four streams decoding together.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anthropic
@@ -270,7 +270,7 @@ def test_models_for_anthropic_clients(sdk: anthropic.Anthropic, live: LiveDaemon
     assert r.json()["object"] == "list" and r.json()["data"][0]["object"] == "model"
 
 
-def test_errors_in_anthropic_shape(sdk: anthropic.Anthropic, live: LiveDaemon) -> None:
+def test_errors_in_anthropic_shape(sdk: anthropic.Anthropic, live: LiveDaemon, closing: Callable) -> None:
     with pytest.raises(anthropic.NotFoundError) as missing:
         sdk.messages.create(model="no-such-model", max_tokens=5, messages=HI)
     assert missing.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
@@ -303,16 +303,16 @@ def test_errors_in_anthropic_shape(sdk: anthropic.Anthropic, live: LiveDaemon) -
     r = httpx.post(live.base + "/v1/messages", content=b"{", headers=headers, timeout=30)
     assert r.status_code == 400 and r.json()["type"] == "error" and "Traceback" not in r.text
     for nobody in (
-        anthropic.Anthropic(base_url=live.base, api_key="lmsp_wrong", max_retries=0),
-        anthropic.Anthropic(base_url=live.base, auth_token="lmsp_wrong", max_retries=0),
+        closing(anthropic.Anthropic(base_url=live.base, api_key="lmsp_wrong", max_retries=0)),
+        closing(anthropic.Anthropic(base_url=live.base, auth_token="lmsp_wrong", max_retries=0)),
     ):
         with pytest.raises(anthropic.AuthenticationError) as refused:
             nobody.messages.create(model=TINY_ID, max_tokens=5, messages=HI)
         assert refused.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
 
 
-def test_bearer_key_and_aliases(live: LiveDaemon) -> None:
-    bearer = anthropic.Anthropic(base_url=live.base, auth_token=live.owner_token, max_retries=0, timeout=120)
+def test_bearer_key_and_aliases(live: LiveDaemon, closing: Callable) -> None:
+    bearer = closing(anthropic.Anthropic(base_url=live.base, auth_token=live.owner_token, max_retries=0, timeout=120))
     done = bearer.messages.create(model=ALIAS, max_tokens=3, messages=HI, extra_body={"temperature": 0})
     assert done.model == ALIAS  # the name asked for, answered by the model it names
     direct = bearer.messages.create(model=TINY_ID, max_tokens=3, messages=HI, extra_body={"temperature": 0})

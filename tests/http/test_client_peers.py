@@ -8,8 +8,8 @@ from httpx_sse import connect_sse
 from support import TINY_ID
 
 
-def test_openai_sdk_sync_and_stream(daemon) -> None:
-    client = openai.OpenAI(base_url=daemon.url, api_key=daemon.owner_token, max_retries=0)
+def test_openai_sdk_sync_and_stream(daemon, closing) -> None:
+    client = closing(openai.OpenAI(base_url=daemon.url, api_key=daemon.owner_token, max_retries=0))
     resp = client.responses.create(model=TINY_ID, input="Say hi", max_output_tokens=6, temperature=0)
     assert resp.id.startswith("resp_")
     assert resp.status == "incomplete"
@@ -43,8 +43,8 @@ def test_openai_sdk_sync_and_stream(daemon) -> None:
     assert final.output_text == resp.output_text[: resp.output_text.index(stop)]
 
 
-def test_openai_sdk_sees_problem_documents(daemon) -> None:
-    client = openai.OpenAI(base_url=daemon.url, api_key=daemon.owner_token, max_retries=0)
+def test_openai_sdk_sees_problem_documents(daemon, closing) -> None:
+    client = closing(openai.OpenAI(base_url=daemon.url, api_key=daemon.owner_token, max_retries=0))
     try:
         client.responses.create(model="no-such-model", input="hi")
     except openai.NotFoundError as exc:

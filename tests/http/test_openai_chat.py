@@ -9,7 +9,7 @@ with a pydantic model), reasoning in `reasoning_content`, finish reasons, and Op
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -308,7 +308,7 @@ TWO_PIXELS = (
 )
 
 
-def test_errors_in_openai_shape(sdk: openai.OpenAI, live: LiveDaemon) -> None:
+def test_errors_in_openai_shape(sdk: openai.OpenAI, live: LiveDaemon, closing: Callable) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         sdk.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
     assert missing.value.code == "model_not_found" and "no-such-model" in missing.value.message
@@ -330,7 +330,7 @@ def test_errors_in_openai_shape(sdk: openai.OpenAI, live: LiveDaemon) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
         sdk.chat.completions.create(model=TINY_ID, messages=[])
     assert bad.value.param == "messages"
-    nobody = openai.OpenAI(base_url=live.base + "/v1", api_key="lmsp_wrong", max_retries=0)
+    nobody = closing(openai.OpenAI(base_url=live.base + "/v1", api_key="lmsp_wrong", max_retries=0))
     with pytest.raises(openai.AuthenticationError):
         nobody.chat.completions.create(**hi())
     r = httpx.post(live.base + "/v1/chat/completions", content=b"{", headers=live.auth_headers, timeout=30)

@@ -85,10 +85,10 @@ def test_vectors_equal_llama_cpp_python(live: LiveDaemon, v1: httpx.Client, bert
     assert len(one["data"]) == 1 and np.allclose(one["data"][0]["embedding"], got[1], atol=1e-5)
 
 
-def test_openai_sdk_float_and_base64(live: LiveDaemon, v1: httpx.Client) -> None:
+def test_openai_sdk_float_and_base64(live: LiveDaemon, v1: httpx.Client, closing: Callable) -> None:
     import openai
 
-    client = openai.OpenAI(base_url=live.base + "/v1", api_key=live.owner_token, max_retries=0)
+    client = closing(openai.OpenAI(base_url=live.base + "/v1", api_key=live.owner_token, max_retries=0))
     embed_id = _embed_id(v1)
     floats = client.embeddings.create(model=embed_id, input=TEXTS, encoding_format="float")
     packed = client.embeddings.create(model=embed_id, input=TEXTS, encoding_format="base64")
@@ -108,7 +108,7 @@ def test_openai_sdk_float_and_base64(live: LiveDaemon, v1: httpx.Client) -> None
         client.embeddings.create(model=TINY_ID, input="hi")
     assert refused.value.code == "unsupported_capability"
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=live.base + "/v1", api_key="nope", max_retries=0).embeddings.create(
+        closing(openai.OpenAI(base_url=live.base + "/v1", api_key="nope", max_retries=0)).embeddings.create(
             model=embed_id, input="hi"
         )
 

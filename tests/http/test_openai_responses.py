@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -254,7 +254,7 @@ def test_custom_tool_round_trip_sync_and_stream(sdk: openai.OpenAI) -> None:
     assert items[1]["input"] == call.input
 
 
-def test_errors_in_openai_shape(daemon: LiveDaemon, sdk: openai.OpenAI) -> None:
+def test_errors_in_openai_shape(daemon: LiveDaemon, sdk: openai.OpenAI, closing: Callable) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         sdk.responses.create(model="no-such-model", input="hi")
     assert missing.value.code == "model_not_found" and "no-such-model" in missing.value.message
@@ -271,7 +271,7 @@ def test_errors_in_openai_shape(daemon: LiveDaemon, sdk: openai.OpenAI) -> None:
         )
     assert grammar.value.code == "unsupported_capability" and grammar.value.param == "tools[0].format"
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=daemon.base + "/v1", api_key="nope", max_retries=0).responses.create(
+        closing(openai.OpenAI(base_url=daemon.base + "/v1", api_key="nope", max_retries=0)).responses.create(
             model=TINY_ID, input="hi"
         )
     r = httpx.post(daemon.base + "/v1/responses", content=b"{", headers=daemon.auth_headers, timeout=30)

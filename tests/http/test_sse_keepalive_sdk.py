@@ -39,17 +39,17 @@ def hold_the_model(live: LiveDaemon) -> threading.Thread:
     return thread
 
 
-def test_sdk_reads_a_stream_silent_between_events(daemon_factory: Callable[..., LiveDaemon]) -> None:
+def test_sdk_reads_a_stream_silent_between_events(daemon_factory: Callable[..., LiveDaemon], closing: Callable) -> None:
     # Without drafts: the same long generation holds the model three times, and asked again it would
     # draft its earlier answer (speculation.Recent) and end before the keep-alives this test reads.
     live = daemon_factory(sse_keepalive=0.02, parallel=1, speculative=False)
     # The official SDK, on /lmsp/v1 (ids on every event) and on /v1 (chat chunks), reads it whole.
-    sdk = openai.OpenAI(base_url=live.url, api_key=live.owner_token, max_retries=0, timeout=300)
+    sdk = closing(openai.OpenAI(base_url=live.url, api_key=live.owner_token, max_retries=0, timeout=300))
     thread = hold_the_model(live)
     kinds = [e.type for e in sdk.responses.create(model=SLOW_ID, input="hi", max_output_tokens=4, stream=True)]
     thread.join(300)
     assert kinds[0] == "response.created" and kinds[-1] == "response.incomplete"
-    chat = openai.OpenAI(base_url=live.base + "/v1", api_key=live.owner_token, max_retries=0, timeout=300)
+    chat = closing(openai.OpenAI(base_url=live.base + "/v1", api_key=live.owner_token, max_retries=0, timeout=300))
     thread = hold_the_model(live)
     chunks = list(
         chat.chat.completions.create(
@@ -78,12 +78,12 @@ def iter_sse_bytes(raw: bytes) -> list[SSE]:
     return [e for e in iter_sse(response) if isinstance(e, SSE)]
 
 
-def test_problem_documents_carry_message(daemon: LiveDaemon) -> None:
+def test_problem_documents_carry_message(daemon: LiveDaemon, closing: Callable) -> None:
     r = httpx.post(daemon.url + "/responses", json=body(model="no-such-model"), headers=daemon.auth_headers, timeout=30)
     problem = r.json()
     assert r.status_code == 404 and problem["code"] == "model_not_found"
     assert problem["message"] == problem["detail"] and "no-such-model" in problem["message"]
-    sdk = openai.OpenAI(base_url=daemon.url, api_key=daemon.owner_token, max_retries=0)
+    sdk = closing(openai.OpenAI(base_url=daemon.url, api_key=daemon.owner_token, max_retries=0))
     try:
         sdk.responses.create(model="no-such-model", input="hi")
     except openai.NotFoundError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -274,11 +275,11 @@ def test_reasoning_capability_is_checked(client: httpx.Client) -> None:
     assert r.json()["param"] == "extensions.lmsp_tray.reasoning"
 
 
-def test_openai_sdk_runs_a_tool_loop(live: LiveDaemon) -> None:
+def test_openai_sdk_runs_a_tool_loop(live: LiveDaemon, closing: Callable) -> None:
     """The official Responses client, unmodified: typed function_call items, streamed calls, results back."""
     import openai
 
-    client = openai.OpenAI(base_url=live.url, api_key=live.owner_token, max_retries=0)
+    client = closing(openai.OpenAI(base_url=live.url, api_key=live.owner_token, max_retries=0))
     tools = [{**WEATHER, "strict": True}]
     first = client.responses.create(
         model=QWEN_ID,
