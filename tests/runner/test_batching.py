@@ -181,8 +181,12 @@ def test_micro_batches_are_the_runs_of_consecutive_sequence_ids() -> None:
 
 def test_drafts_sharing_a_step_are_cut_to_one_length() -> None:
     """llama.cpp takes equal token counts of each sequence into a micro-batch (a KV stream each): one
-    draft length a step keeps a shared step to two passes (sequences without a draft feed one token)."""
-    assert even_drafts({0: [5, 6, 7, 8], 1: [], 2: [9, 10], 3: [1, 2, 3]}) == {0: [5, 6], 1: [], 2: [9, 10], 3: [1, 2]}
+    draft length a step keeps a shared step to one pass where every sequence drafts, two where some do
+    not. The length feeds the most tokens for its passes (`PASS_TOKENS` a pass)."""
+    everyone = even_drafts({0: [1, 2, 3, 4], 1: [5, 6], 2: [7, 8, 9]})
+    assert everyone == {0: [1, 2], 1: [5, 6], 2: [7, 8]}  # all draft: the shortest, one pass
+    copy = list(range(100, 162))
+    assert even_drafts({0: copy, 1: [5, 6]}) == {0: copy, 1: ()}  # a passage copied beside a short guess
     assert even_drafts({0: [5, 6, 7, 8]}) == {0: [5, 6, 7, 8]}  # alone: as drafted
     assert even_drafts({0: [1, 2], 1: [3, 4], 2: []}) == {0: [1, 2], 1: [3, 4], 2: []}
     assert even_drafts({}) == {}
