@@ -60,11 +60,6 @@ def micro_batches(seq_ids: Iterable[int]) -> int:
     return sum(1 for i, seq in enumerate(ids) if i == 0 or seq != ids[i - 1] + 1)
 
 
-# What a pass over the weights costs, in tokens of a batch: on Gemma 3 270M with two CPU threads a
-# decode is about 20 ms plus 4.5-6 ms a token (`benchmarks/spec_replay.py`).
-PASS_TOKENS = 4
-
-
 def even_drafts(drafts: Mapping[int, Sequence[int]]) -> dict[int, Sequence[int]]:
     """The drafts of the sequences that decode in one step (every one of them, by sequence id, a draft
     or none), cut to one length; drafts shorter than it wait for a later step.
@@ -73,12 +68,15 @@ def even_drafts(drafts: Mapping[int, Sequence[int]]) -> dict[int, Sequence[int]]
     every sequence into a micro-batch, and each micro-batch is a pass over the weights. Sequences that
     feed 1, 4, 9 and 17 tokens (their next token and a draft each) make four passes; with one length,
     one pass where all draft, two where some do not (more where the drafters' ids are not consecutive:
-    `micro_batches`). The length is the one that feeds the most tokens for the passes it costs, a pass
-    priced at `PASS_TOKENS` tokens: usually the shortest draft, so that every sequence drafts in one
-    pass, but a sequence copying a passage (a 62-token draft) beside one drafting 2 tokens copies on.
-    Eight stories decoding at once (Gemma 3 270M, in process, 96 tokens each, drafts kept about half
-    the time) took steps of up to six passes, and drafting gained 1.01x over not drafting; cut to the
-    shortest draft, 1.21-1.28x; as here, 1.23x (four stories: 1.40x; 1.49-1.51x; 1.47x)."""
+    `micro_batches`). The length is the one that feeds the most tokens a pass: usually the shortest
+    draft, so that every sequence drafts in one pass, but a sequence copying a passage (a 62-token
+    draft) beside one drafting 2 tokens copies on (64 tokens in two passes against 6 in one). A step
+    costs about 20 ms a pass plus 4.5-6 ms a token (Gemma 3 270M, two CPU threads), but whatever a
+    pass costs in tokens, the cheapest token fed (the step's cost over the tokens it feeds) is where
+    most tokens share a pass, so the rule needs no price measured on this machine. Eight stories decoding at
+    once (Gemma 3 270M, in process, 96 tokens each, drafts kept about half the time) took steps of up
+    to six passes, and drafting gained 1.01x over not drafting; cut to the shortest draft, 1.21-1.28x;
+    as here, 1.23x (four stories: 1.40x; 1.49-1.51x; 1.47x)."""
     lengths = sorted({len(draft) for draft in drafts.values() if draft})
     if len(lengths) <= 1:
         return dict(drafts)
@@ -88,7 +86,7 @@ def even_drafts(drafts: Mapping[int, Sequence[int]]) -> dict[int, Sequence[int]]
         drafting = [seq for seq, draft in drafts.items() if len(draft) >= length]
         fed = len(drafts) + length * len(drafting)
         passes = everyone + (micro_batches(drafting) if len(drafting) < len(drafts) else 0)
-        return fed / (fed + PASS_TOKENS * passes)
+        return fed / passes
 
     best = max(lengths, key=worth)  # of equals, the shorter
     return {seq: draft[:best] if len(draft) >= best else () for seq, draft in drafts.items()}

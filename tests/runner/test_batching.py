@@ -182,7 +182,7 @@ def test_micro_batches_are_the_runs_of_consecutive_sequence_ids() -> None:
 def test_drafts_sharing_a_step_are_cut_to_one_length() -> None:
     """llama.cpp takes equal token counts of each sequence into a micro-batch (a KV stream each): one
     draft length a step keeps a shared step to one pass where every sequence drafts, two where some do
-    not. The length feeds the most tokens for its passes (`PASS_TOKENS` a pass)."""
+    not. The length feeds the most tokens a pass."""
     everyone = even_drafts({0: [1, 2, 3, 4], 1: [5, 6], 2: [7, 8, 9]})
     assert everyone == {0: [1, 2], 1: [5, 6], 2: [7, 8]}  # all draft: the shortest, one pass
     copy = list(range(100, 162))
