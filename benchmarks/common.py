@@ -84,14 +84,13 @@ def cpu_line() -> str:
 
 
 def weights_unrepacked() -> bool:
-    """Whether the service keeps the weights unrepacked here: where the llama.cpp build it runs (the
-    `llama_cpp` package's, or the one `LLAMA_CPP_LIB_PATH` names) has the AMX buffer type, whose path
-    crashed on Gemma's K-quants (`runner/model.py`). The same question the service asks, of the same
-    build; an AVX2-only build of the same sources repacks, as on a CPU without AMX."""
+    """Whether the service keeps the weights unrepacked here (`runner.backends.weights_stay_unrepacked`,
+    asked of the llama.cpp build it runs: the `llama_cpp` package's, or the one `LLAMA_CPP_LIB_PATH`
+    names); an AVX2-only build of the same sources repacks, as on a CPU without AMX."""
     sys.path.insert(0, str(ROOT))
-    from lmsp_tray.runner.backends import cpu_extra_buffer_types
+    from lmsp_tray.runner.backends import weights_stay_unrepacked
 
-    return "AMX" in cpu_extra_buffer_types()
+    return weights_stay_unrepacked()
 
 
 def llama_server_cpu_args() -> list[str]:

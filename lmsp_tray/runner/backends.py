@@ -126,6 +126,16 @@ def devices(gpu_offload: bool) -> Devices:
     return Devices(backend=backend, gpu_offload=gpu_offload, devices=tuple(found))
 
 
+def weights_stay_unrepacked() -> bool:
+    """Whether models load without llama.cpp's extra CPU buffer types, their weights as the file has
+    them: where this build has the AMX one. llama.cpp's AMX matrix multiplication (weights repacked
+    into the AMX buffer type) ends the process with SIGSEGV at its first decode of a K-quant model
+    (Gemma 3 270M Q4_K_M on a Xeon with AMX under KVM: `ldtilecfg` in ggml_backend_amx_mul_mat), where
+    the plain CPU path decodes the same tokens; CPU_REPACK goes with AMX (llama.cpp has one switch for
+    both). One answer for the model process and the benchmarks that run llama-server beside it."""
+    return "AMX" in cpu_extra_buffer_types()
+
+
 def cpu_extra_buffer_types() -> tuple[str, ...]:
     """The names of the CPU backend's extra weight buffer types in this build ("AMX", "CPU_REPACK", ...):
     where llama.cpp repacks weights for the CPU's matrix units. Empty when they cannot be read."""

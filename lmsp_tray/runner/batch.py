@@ -73,10 +73,10 @@ def even_drafts(drafts: Mapping[int, Sequence[int]]) -> dict[int, Sequence[int]]
     draft) beside one drafting 2 tokens copies on (64 tokens in two passes against 6 in one). A step
     costs about 20 ms a pass plus 4.5-6 ms a token (Gemma 3 270M, two CPU threads), but whatever a
     pass costs in tokens, the cheapest token fed (the step's cost over the tokens it feeds) is where
-    most tokens share a pass, so the rule needs no price measured on this machine. Eight stories decoding at
-    once (Gemma 3 270M, in process, 96 tokens each, drafts kept about half the time) took steps of up
-    to six passes, and drafting gained 1.01x over not drafting; cut to the shortest draft, 1.21-1.28x;
-    as here, 1.23x (four stories: 1.40x; 1.49-1.51x; 1.47x)."""
+    most tokens share a pass, so the rule needs no price measured on this machine. Eight stories
+    decoding at once (Gemma 3 270M, in process, 96 tokens each, drafts kept about half the time) took
+    steps of up to six passes, and drafting gained 1.01x over not drafting; cut to the shortest
+    draft, 1.21-1.28x; as here, 1.23x (four stories: 1.40x; 1.49-1.51x; 1.47x)."""
     lengths = sorted({len(draft) for draft in drafts.values() if draft})
     if len(lengths) <= 1:
         return dict(drafts)

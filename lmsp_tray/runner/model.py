@@ -215,12 +215,7 @@ class LlamaModel:
         self._draft_failed = None
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = gpu_layers
-        if "AMX" in backends.cpu_extra_buffer_types():
-            # llama.cpp's AMX matrix multiplication (weights repacked into the AMX buffer type) ends
-            # the process with SIGSEGV at its first decode of a K-quant model (Gemma 3 270M Q4_K_M on a
-            # Xeon with AMX under KVM: `ldtilecfg` in ggml_backend_amx_mul_mat), where the plain CPU
-            # path decodes the same tokens. Without extra buffer types the weights stay as the file
-            # has them (CPU_REPACK goes with AMX: llama.cpp has one switch for both).
+        if backends.weights_stay_unrepacked():
             mparams.use_extra_bufts = False
             log.info(
                 "this CPU has AMX: %s keeps its weights unrepacked (llama.cpp's AMX path crashes)", entry.path.name

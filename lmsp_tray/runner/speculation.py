@@ -41,9 +41,9 @@ A recent sequence is looked at where the match last occurs in it and where the p
 it (the same prompt asked again: an answer that repeats itself holds the match again later, where it
 agrees over a few tokens and soon ends). Where both the sequence's own tokens and a recent sequence
 hold the match, the one whose agreement with the present reaches further back wins (the earlier
-answer, not the prompt's copy of the text it edits). Where that agreement spans `RECALL` tokens (the same request again, or well into its
-answer), the draft may be `RECALLED_DRAFT` long: such a draft rarely runs past its run's end, and
-at 32 a repeated edit took 19 steps where `ngram-mod`'s 64 took 10 (replayed: 0.95-1.37x of it,
+answer, not the prompt's copy of the text it edits). Where that agreement spans `RECALL` tokens
+(the same request again, or well into its answer), the draft may be `RECALLED_DRAFT` long: such a
+draft rarely runs past its run's end, and at 32 a repeated edit took 19 steps where `ngram-mod`'s 64 took 10 (replayed: 0.95-1.37x of it,
 and 1.00-1.45x at 62). Drafts are verified the same way whatever their source. What `Recent` holds
 is the model's own recent tokens, in the model process (as its prompt cache holds their KV), and is
 gone with the model.

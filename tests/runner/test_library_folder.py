@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 # What the model process does, in this order: `llama_cpp` loads its libraries, then a load asks
-# `backends` whether the build repacks weights into the AMX buffer type (`runner/model.py`).
+# `backends` whether the build repacks weights into the AMX buffer type (`weights_stay_unrepacked`).
 ASK = """
 import json
 import llama_cpp
